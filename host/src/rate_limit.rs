@@ -1,0 +1,92 @@
+//! client-go's default controller rate limiter: the larger of a per-key exponential backoff and a
+//! global token bucket.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Settings of [`RateLimiter`]. Defaults are client-go's: 5 ms doubling up to 1000 s per key,
+/// and 10 retries per second with a burst of 100 overall.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimits {
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// Token refill rate (retries per second); 0 turns the bucket off.
+    pub qps: f64,
+    pub burst: u32,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits { base_delay: Duration::from_millis(5), max_delay: Duration::from_secs(1000), qps: 10.0, burst: 100 }
+    }
+}
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+pub struct RateLimiter<K> {
+    limits: RateLimits,
+    failures: Mutex<HashMap<K, u32>>,
+    bucket: Mutex<Bucket>,
+}
+
+impl<K: Eq + Hash + Clone> RateLimiter<K> {
+    pub fn new(limits: RateLimits) -> Self {
+        RateLimiter {
+            limits,
+            failures: Mutex::new(HashMap::new()),
+            bucket: Mutex::new(Bucket { tokens: f64::from(limits.burst), last: Instant::now() }),
+        }
+    }
+
+    /// The delay before the next retry of `key`; counts one more failure.
+    pub fn when(&self, key: &K) -> Duration {
+        let per_key = {
+            let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+            let n = f.entry(key.clone()).or_insert(0);
+            let exp = *n;
+            *n = n.saturating_add(1);
+            backoff(self.limits.base_delay, self.limits.max_delay, exp)
+        };
+        per_key.max(self.bucket_delay())
+    }
+
+    /// Failures of `key` since it was last forgotten.
+    pub fn failures(&self, key: &K) -> u32 {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied().unwrap_or(0)
+    }
+
+    pub fn forget(&self, key: &K) {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// Reserves one token, like golang.org/x/time/rate's Reserve: the delay until it is available.
+    fn bucket_delay(&self) -> Duration {
+        if self.limits.qps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let refill = now.duration_since(b.last).as_secs_f64() * self.limits.qps;
+        b.tokens = (b.tokens + refill).min(f64::from(self.limits.burst));
+        b.last = now;
+        b.tokens -= 1.0;
+        if b.tokens >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-b.tokens / self.limits.qps) }
+    }
+}
+
+/// base · 2^exp, capped at max (and never overflowing).
+pub fn backoff(base: Duration, max: Duration, exp: u32) -> Duration {
+    if exp >= 63 {
+        return max;
+    }
+    let factor = 1u128 << exp;
+    let nanos = base.as_nanos().saturating_mul(factor);
+    if nanos > max.as_nanos() { max } else { Duration::from_nanos(nanos as u64) }
+}

@@ -1,0 +1,235 @@
+//! The component runtime: one wasmtime engine, components compiled once (with an on-disk cache of
+//! precompiled artifacts), and a fresh instance per call from a pre-linked `InstancePre`, under
+//! per-call limits.
+//!
+//! A fresh instance per reconcile is the isolation default: no state leaks from one key to the next,
+//! and a trap never poisons later calls. Its cost is measured in docs/benchmarks.md.
+
+mod bindings;
+mod call_ctx;
+mod compile_cache;
+mod host_calls;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
+
+pub use bindings::{Action, ApiError, Description, KindRef, Mapping, ObjectKey, Permission, ReconcileError, Request, Secondary, Watch};
+pub use bindings::wcm::reconciler::client::PatchType;
+pub use bindings::wcm::reconciler::events::EventType;
+pub use call_ctx::{CallCtx, Limits};
+
+use crate::services::Services;
+
+/// How often the epoch ticks; CPU deadlines are counted in these ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Engine-wide settings.
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// Where precompiled components are kept (`None`: compile every time).
+    pub compile_cache: Option<PathBuf>,
+    /// Instances that may exist at once across all plugins (the pooling allocator's size).
+    pub max_instances: u32,
+    /// The largest linear memory any plugin may be given.
+    pub max_memory: usize,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        RuntimeSettings { compile_cache: None, max_instances: 128, max_memory: 256 << 20 }
+    }
+}
+
+/// The engine and the linker with every host function.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<CallCtx>,
+    settings: RuntimeSettings,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+/// A compiled plugin, ready to instantiate.
+pub struct Compiled {
+    pre: bindings::PluginPre<CallCtx>,
+    pub sha256: String,
+    pub size: usize,
+    /// Time to compile, or to load the precompiled artifact.
+    pub load_time: Duration,
+    pub from_cache: bool,
+    pub component: Component,
+}
+
+/// Why a call into a plugin failed (as opposed to the plugin returning an error).
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("CPU deadline of {0:?} exceeded")]
+    Deadline(Duration),
+    #[error("memory limit exceeded: {0}")]
+    Memory(String),
+    #[error("plugin trapped: {0}")]
+    Trap(String),
+    #[error("plugin broke a limit: {0}")]
+    Limit(String),
+    #[error("could not instantiate: {0}")]
+    Instantiate(String),
+    #[error("call took longer than {0:?} (host calls included)")]
+    WallTimeout(Duration),
+}
+
+impl Runtime {
+    pub fn new(settings: RuntimeSettings) -> Result<Self> {
+        let mut config = Config::new();
+        config.async_support(true);
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        // One slot per concurrently live instance. A Rust component has a handful of core instances
+        // and tables; size those generously so only component instances bound the pool.
+        let n = settings.max_instances.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(n)
+            .total_core_instances(n * 8)
+            .total_memories(n * 2)
+            .total_tables(n * 8)
+            .total_stacks(n)
+            .max_memory_size(settings.max_memory);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).context("create the wasm engine")?;
+
+        let mut linker = Linker::<CallCtx>::new(&engine);
+        // WASI with nothing granted: no files, no environment, no sockets. Rust's wasip2 std imports
+        // these interfaces even when the plugin never uses them.
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).context("link WASI")?;
+        bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).context("link host functions")?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let (e, stop) = (engine.clone(), ticker_stop.clone());
+        std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    e.increment_epoch();
+                }
+            })
+            .context("start the epoch thread")?;
+        Ok(Runtime { engine, linker, settings, ticker_stop })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn settings(&self) -> &RuntimeSettings {
+        &self.settings
+    }
+
+    /// Compiles (or loads from the cache) and links a component. Fails with a clear message for
+    /// something that is not a component of the `plugin` world.
+    pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
+        let started = Instant::now();
+        let sha256 = compile_cache::sha256_hex(wasm);
+        let (component, from_cache) = compile_cache::load_or_compile(&self.engine, self.settings.compile_cache.as_deref(), &sha256, wasm)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin@0.1.0: {e:#}"))?;
+        let pre = bindings::PluginPre::new(pre)
+            .map_err(|e| anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin@0.1.0 (missing export?): {e:#}"))?;
+        Ok(Compiled { pre, sha256, size: wasm.len(), load_time: started.elapsed(), from_cache, component })
+    }
+
+    /// Calls `describe` in a fresh instance.
+    pub async fn describe(&self, compiled: &Compiled, services: Arc<Services>, limits: &Limits) -> Result<Description, CallError> {
+        self.call(compiled, services, limits, async |plugin, store| {
+            plugin.wcm_reconciler_reconciler().call_describe(store).await
+        })
+        .await
+    }
+
+    /// Calls `reconcile` in a fresh instance.
+    pub async fn reconcile(
+        &self,
+        compiled: &Compiled,
+        services: Arc<Services>,
+        limits: &Limits,
+        req: &Request,
+    ) -> Result<Result<Action, ReconcileError>, CallError> {
+        self.call(compiled, services, limits, async |plugin, store| {
+            plugin.wcm_reconciler_reconciler().call_reconcile(store, req).await
+        })
+        .await
+    }
+
+    async fn call<R>(
+        &self,
+        compiled: &Compiled,
+        services: Arc<Services>,
+        limits: &Limits,
+        f: impl AsyncFnOnce(&bindings::Plugin, &mut Store<CallCtx>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let plugin_name = services.plugin_name().to_string();
+        let mut store = Store::new(&self.engine, CallCtx::new(services, limits));
+        store.limiter(|c| c.store_limits());
+        let ticks = (limits.cpu_deadline.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64;
+        store.set_epoch_deadline(ticks);
+        // The deadline counts time in the guest only: time spent in host calls (API requests)
+        // is given back, since those have their own timeouts.
+        store.epoch_deadline_callback(move |ctx| {
+            let c = ctx.data();
+            let guest = c.started.elapsed().saturating_sub(c.host_time);
+            if guest >= c.cpu_deadline {
+                return Err(wasmtime::Error::from(Trap::Interrupt));
+            }
+            let left = c.cpu_deadline - guest;
+            Ok(wasmtime::UpdateDeadline::Continue(((left.as_nanos() / EPOCH_TICK.as_nanos()).max(1)) as u64))
+        });
+
+        let wall = limits.wall_timeout;
+        let result = tokio::time::timeout(wall, async {
+            let plugin = compiled.pre.instantiate_async(&mut store).await.map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+            f(&plugin, &mut store).await.map_err(|e| classify(e, limits))
+        })
+        .await
+        .unwrap_or(Err(CallError::WallTimeout(wall)));
+
+        let ctx = store.data();
+        ctx.flush_output(&plugin_name);
+        match (&result, ctx.limit_broken()) {
+            (Err(_), Some(why)) => Err(CallError::Limit(why.to_string())),
+            (Err(CallError::Trap(t)), None) => Err(CallError::Trap(with_panic_message(t, ctx.panic_message()))),
+            _ => result,
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {
+    if let Some(trap) = e.downcast_ref::<Trap>() {
+        if *trap == Trap::Interrupt {
+            return CallError::Deadline(limits.cpu_deadline);
+        }
+    }
+    let text = format!("{e:#}");
+    if text.contains("forcing trap when growing memory") || text.contains("memory allocation of") {
+        return CallError::Memory(format!("{} bytes allowed", limits.memory));
+    }
+    CallError::Trap(text)
+}
+
+fn with_panic_message(trap: &str, panic: Option<String>) -> String {
+    match panic {
+        Some(p) => format!("{p} ({})", trap.lines().next().unwrap_or(trap)),
+        None => trap.to_string(),
+    }
+}

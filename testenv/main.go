@@ -1,0 +1,162 @@
+// Command testenv runs a real Kubernetes control plane on loopback for tests and local runs:
+// embedded etcd in this process and kube-apiserver in a child process of the same binary.
+//
+// The apiserver runs as a child (not in-process) so it can be killed and started again on the same
+// etcd while clients keep watching: that is what fault tests need, and kube-apiserver's global
+// state (signal handler, metrics registry) does not allow a second start in one process.
+//
+// Protocol: once ready, one JSON line {"event":"ready",...} is printed on stdout. With
+// --stdin-control, lines read from stdin are commands: "stop" kills the apiserver (SIGKILL, like a
+// crash), "start" starts it again on the same port, "quit" shuts down. EOF on stdin also shuts down,
+// so a test process that dies never leaves a cluster behind.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	dir           string
+	kubeconfigOut string
+	port          int
+	etcdPort      int
+	readyTimeout  time.Duration
+	stdinControl  bool
+	keep          bool
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == apiserverRole {
+		os.Exit(runAPIServer(os.Args[2:]))
+	}
+	var o options
+	flag.StringVar(&o.dir, "dir", "", "working directory for etcd data, certificates and logs (default: a new temp dir, removed on exit)")
+	flag.StringVar(&o.kubeconfigOut, "kubeconfig-out", "", "also write the admin kubeconfig to this path")
+	flag.IntVar(&o.port, "port", 0, "apiserver secure port on 127.0.0.1 (0: pick a free one)")
+	flag.IntVar(&o.etcdPort, "etcd-port", 0, "etcd client port on 127.0.0.1 (0: pick a free one)")
+	flag.DurationVar(&o.readyTimeout, "ready-timeout", 90*time.Second, "how long to wait for etcd and the apiserver /readyz")
+	flag.BoolVar(&o.stdinControl, "stdin-control", false, "read stop/start/quit commands from stdin; exit on EOF")
+	flag.BoolVar(&o.keep, "keep", false, "keep the working directory on exit")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	dir := o.dir
+	removeDir := false
+	if dir == "" {
+		d, err := os.MkdirTemp("", "wcm-testenv-")
+		if err != nil {
+			return fmt.Errorf("create temp dir: %w", err)
+		}
+		dir, removeDir = d, !o.keep
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	cleanup := func() {
+		if removeDir {
+			_ = os.RemoveAll(dir)
+		}
+	}
+
+	cluster, err := startCluster(o, dir)
+	if err != nil {
+		cleanup()
+		return err
+	}
+	shutdown := sync.OnceFunc(func() {
+		cluster.stop()
+		cleanup()
+	})
+	defer shutdown()
+
+	emit(cluster.readyEvent())
+	fmt.Fprintf(os.Stderr, "testenv: kube-apiserver ready at %s\ntestenv: kubeconfig: %s\n", cluster.server(), cluster.kubeconfigPath)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	commands := make(chan string)
+	if o.stdinControl {
+		go readCommands(commands)
+	}
+	for {
+		select {
+		case s := <-sigs:
+			fmt.Fprintf(os.Stderr, "testenv: %s received, shutting down\n", s)
+			return nil
+		case err := <-cluster.apiserverExited():
+			// An apiserver that dies on its own (not by "stop") ends the run: tests must not hang on it.
+			return fmt.Errorf("kube-apiserver exited unexpectedly: %v\n%s", err, cluster.apiserverLogTail())
+		case cmd, ok := <-commands:
+			if !ok || cmd == "quit" {
+				return nil
+			}
+			handleCommand(cluster, cmd, o.readyTimeout)
+		}
+	}
+}
+
+func handleCommand(c *cluster, cmd string, timeout time.Duration) {
+	switch cmd {
+	case "stop":
+		c.killAPIServer()
+		emit(map[string]any{"event": "stopped"})
+	case "start":
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := c.startAPIServer(ctx); err != nil {
+			emit(map[string]any{"event": "error", "error": err.Error()})
+			return
+		}
+		emit(c.readyEvent())
+	case "":
+	default:
+		emit(map[string]any{"event": "error", "error": fmt.Sprintf("unknown command %q (want stop, start or quit)", cmd)})
+	}
+}
+
+func readCommands(out chan<- string) {
+	scanner := bufio.NewScanner(os.Stdin)
+	for scanner.Scan() {
+		out <- strings.TrimSpace(scanner.Text())
+	}
+	close(out)
+}
+
+var emitMu sync.Mutex
+
+func emit(v any) {
+	emitMu.Lock()
+	defer emitMu.Unlock()
+	b, err := json.Marshal(v)
+	if err != nil {
+		b = []byte(`{"event":"error","error":"marshal"}`)
+	}
+	fmt.Fprintln(os.Stdout, string(b))
+}
+
+func absPath(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}
+
+var errNotReady = errors.New("not ready")

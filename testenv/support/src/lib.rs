@@ -1,0 +1,193 @@
+//! Test support: a real kube-apiserver backed by real etcd, one per test binary.
+//!
+//! [`TestEnv::shared`] starts the cluster the first time a test asks for it (building the `testenv`
+//! Go program through `testenv/build.sh` if its cached binary is missing), installs the CRDs from
+//! `manifests/crds/`, and hands every test the same cluster. Each test takes its own namespace with
+//! [`TestEnv::namespace`]. The cluster goes away with the test process: `testenv` exits when its
+//! stdin closes.
+//!
+//! Set `WCM_USE_EXISTING_CLUSTER=1` to run the same tests against the cluster of your own
+//! `KUBECONFIG` instead; tests that need to stop the apiserver are then skipped with a message.
+
+mod control;
+mod crds;
+mod namespace;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+pub use control::ReadyInfo;
+pub use namespace::TestNamespace;
+
+use control::Control;
+
+/// Environment variable that selects an existing cluster (from `KUBECONFIG`) instead of a local one.
+pub const USE_EXISTING_CLUSTER: &str = "WCM_USE_EXISTING_CLUSTER";
+/// Environment variable naming a prebuilt `testenv` binary (skips `testenv/build.sh`).
+pub const TESTENV_BIN: &str = "WCM_TESTENV_BIN";
+
+/// One cluster shared by the tests of a test binary.
+pub struct TestEnv {
+    kubeconfig: Kubeconfig,
+    kubeconfig_path: Option<PathBuf>,
+    /// Present when this process started the cluster and may stop and start its apiserver.
+    control: Option<Control>,
+}
+
+static SHARED: tokio::sync::OnceCell<TestEnv> = tokio::sync::OnceCell::const_new();
+
+impl TestEnv {
+    /// The cluster of this test binary, started on first use.
+    pub async fn shared() -> Result<&'static TestEnv> {
+        SHARED.get_or_try_init(Self::start).await
+    }
+
+    async fn start() -> Result<TestEnv> {
+        let env = if existing_cluster_requested() {
+            let kubeconfig = Kubeconfig::read().context(
+                "WCM_USE_EXISTING_CLUSTER is set but no kubeconfig could be read (KUBECONFIG or ~/.kube/config)",
+            )?;
+            TestEnv { kubeconfig, kubeconfig_path: std::env::var_os("KUBECONFIG").map(PathBuf::from), control: None }
+        } else {
+            let bin = testenv_binary()?;
+            let control = tokio::task::spawn_blocking(move || Control::spawn(&bin, &[]))
+                .await
+                .context("testenv start task failed")??;
+            let path = PathBuf::from(&control.info().kubeconfig);
+            let kubeconfig = Kubeconfig::read_from(&path)
+                .with_context(|| format!("read the testenv kubeconfig {}", path.display()))?;
+            TestEnv { kubeconfig, kubeconfig_path: Some(path), control: Some(control) }
+        };
+        let client = env.client().await?;
+        crds::install_all(&client, &manifests_dir().join("crds")).await?;
+        Ok(env)
+    }
+
+    /// A new client for this cluster. Make one per test: a client is bound to the tokio runtime
+    /// that created it, and every `#[tokio::test]` has its own runtime.
+    pub async fn client(&self) -> Result<Client> {
+        let config = kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+            .await
+            .context("build a client config from the kubeconfig")?;
+        Client::try_from(config).context("build a kube client")
+    }
+
+    /// The kubeconfig in use, when it is a file (always for the local cluster).
+    pub fn kubeconfig_path(&self) -> Option<&Path> {
+        self.kubeconfig_path.as_deref()
+    }
+
+    /// What `testenv` reported when the local cluster became ready; `None` for an existing cluster.
+    pub fn local(&self) -> Option<ReadyInfo> {
+        self.control.as_ref().map(|c| c.info())
+    }
+
+    /// Whether this process owns the apiserver, and so may stop and start it.
+    pub fn can_restart_apiserver(&self) -> bool {
+        self.control.is_some()
+    }
+
+    /// Kills the apiserver (SIGKILL, as a crash would); etcd keeps its data.
+    pub async fn stop_apiserver(&self) -> Result<()> {
+        let control = self.owned_control()?;
+        let c = control.clone();
+        tokio::task::spawn_blocking(move || c.command("stop", "stopped")).await??;
+        Ok(())
+    }
+
+    /// Starts the apiserver again on the same port and waits until it is ready.
+    pub async fn start_apiserver(&self) -> Result<()> {
+        let c = self.owned_control()?.clone();
+        tokio::task::spawn_blocking(move || c.command("start", "ready")).await??;
+        Ok(())
+    }
+
+    fn owned_control(&self) -> Result<&Control> {
+        self.control.as_ref().context(
+            "this cluster is not owned by the tests (WCM_USE_EXISTING_CLUSTER): its apiserver cannot be stopped",
+        )
+    }
+
+    /// A fresh namespace with its `default` ServiceAccount (no controller-manager creates it here).
+    pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace> {
+        TestNamespace::create(&self.client().await?, prefix).await
+    }
+
+    /// A numeric sample from the apiserver's own `/metrics`, summed over the series whose labels
+    /// contain every `key="value"` pair given. Used to count watches and requests.
+    pub async fn apiserver_metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        let text = self
+            .client()
+            .await?
+            .request_text(http::Request::get("/metrics").body(Vec::new())?)
+            .await
+            .context("GET /metrics from the apiserver")?;
+        Ok(sum_metric(&text, name, labels))
+    }
+}
+
+/// Sums the samples of metric `name` whose label set contains all of `labels`.
+pub fn sum_metric(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, label_text) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let all = labels.iter().all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
+            if !all {
+                return None;
+            }
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+fn existing_cluster_requested() -> bool {
+    matches!(std::env::var(USE_EXISTING_CLUSTER).as_deref(), Ok("1") | Ok("true"))
+}
+
+/// The repository root (this crate lives in `testenv/support`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    })
+}
+
+/// `manifests/` of this repository.
+pub fn manifests_dir() -> PathBuf {
+    repo_root().join("manifests")
+}
+
+/// The `testenv` binary: `WCM_TESTENV_BIN`, or the cached build from `testenv/build.sh`.
+pub fn testenv_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(TESTENV_BIN) {
+        let bin = PathBuf::from(bin);
+        anyhow::ensure!(bin.is_file(), "{TESTENV_BIN}={} is not a file", bin.display());
+        return Ok(bin);
+    }
+    let script = repo_root().join("testenv/build.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("run {}", script.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} failed ({}); see the message above",
+        script.display(),
+        out.status
+    );
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    anyhow::ensure!(!path.is_empty(), "{} printed no binary path", script.display());
+    Ok(PathBuf::from(path))
+}
