@@ -94,7 +94,12 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
     }
 
     fn clone_weak_parts(&self) -> DelayMover<K> {
-        DelayMover { ready: self.ready.clone(), wake: self.delay_task.clone(), observer: self.observer.clone() }
+        DelayMover {
+            ready: self.ready.clone(),
+            wake: self.delay_task.clone(),
+            observer: self.observer.clone(),
+            _key: std::marker::PhantomData,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
@@ -243,6 +248,7 @@ struct DelayMover<K> {
     ready: Arc<Notify>,
     wake: Arc<Notify>,
     observer: Arc<dyn QueueObserver>,
+    _key: std::marker::PhantomData<fn() -> K>,
 }
 
 impl<K: Clone + Eq + Hash + Ord + Send + 'static> DelayMover<K> {
@@ -260,7 +266,9 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> DelayMover<K> {
                     if *at > now {
                         break;
                     }
-                    let Some(Reverse((at, _, key))) = s.heap.pop() else { break };
+                    let Some(Reverse((at, _, key))) = s.heap.pop() else {
+                        break;
+                    };
                     // Skip stale heap entries: the key was re-scheduled earlier or already moved.
                     if s.waiting.get(&key) != Some(&at) {
                         continue;
@@ -286,9 +294,152 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> DelayMover<K> {
                 }
                 // Wake now and then to notice that the queue is gone.
                 None => {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! client-go's workqueue behaviour, case by case (time is paused and advanced by hand).
+    use super::*;
+    use crate::rate_limit::RateLimits;
+
+    fn queue() -> WorkQueue<&'static str> {
+        WorkQueue::new(RateLimiter::new(RateLimits::default()))
+    }
+
+    async fn try_get(q: &WorkQueue<&'static str>) -> Option<&'static str> {
+        tokio::time::timeout(Duration::from_millis(1), q.get())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn duplicate_adds_collapse() {
+        let q = queue();
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(q.get().await, Some("b"));
+        assert_eq!(try_get(&q).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_in_flight_is_not_handed_out_again_and_is_requeued_on_done() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.get().await, Some("a"));
+        q.add("a"); // while processing: dirty, not queued
+        q.add("a");
+        assert_eq!(q.len(), 0);
+        assert_eq!(
+            try_get(&q).await,
+            None,
+            "a second worker must not get the key in flight"
+        );
+        q.done(&"a");
+        assert_eq!(q.len(), 1, "re-added once when the reconcile ends");
+        assert_eq!(q.get().await, Some("a"));
+        q.done(&"a");
+        assert_eq!(q.len(), 0, "no re-add without a new add");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_adds_keep_the_earliest_time() {
+        let q = queue();
+        q.add_after("a", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(1));
+        q.add_after("b", Duration::from_secs(1));
+        q.add_after("b", Duration::from_secs(10));
+        assert_eq!(q.waiting(), 2);
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        assert_eq!(q.len(), 0);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(q.len(), 2, "both keys are ready after 1 s");
+        assert_eq!(q.waiting(), 0);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(q.len(), 2, "the later times were dropped, not added again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_immediate_add_is_not_delayed_by_a_pending_delayed_add() {
+        let q = queue();
+        q.add_after("a", Duration::from_secs(5));
+        q.add("a");
+        assert_eq!(q.get().await, Some("a"));
+        q.done(&"a");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(q.len(), 1, "the delayed add still fires");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_adds_back_off_exponentially_and_forget_resets() {
+        let q = queue();
+        let delays: Vec<Duration> = (0..5).map(|_| q.limiter.when(&"a")).collect();
+        let ms: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, vec![5, 10, 20, 40, 80]);
+        assert_eq!(q.num_requeues(&"a"), 5);
+        q.forget(&"a");
+        assert_eq!(q.num_requeues(&"a"), 0);
+        assert_eq!(q.limiter.when(&"a"), Duration::from_millis(5));
+
+        q.add_rate_limited("b"); // 5 ms
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        assert_eq!(q.len(), 0);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn per_key_backoff_is_capped() {
+        let l: RateLimiter<&str> = RateLimiter::new(RateLimits {
+            qps: 0.0,
+            ..RateLimits::default()
+        });
+        let mut last = Duration::ZERO;
+        for _ in 0..40 {
+            last = l.when(&"k");
+        }
+        assert_eq!(last, Duration::from_secs(1000));
+        // 5 ms · 2^17 = 655 s < 1000 s; 2^18 would pass the cap.
+        let l: RateLimiter<&str> = RateLimiter::new(RateLimits {
+            qps: 0.0,
+            ..RateLimits::default()
+        });
+        let seq: Vec<Duration> = (0..19).map(|_| l.when(&"k")).collect();
+        assert_eq!(seq[17], Duration::from_millis(5 << 17));
+        assert_eq!(seq[18], Duration::from_secs(1000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_token_bucket_bounds_retries_across_keys() {
+        let l: RateLimiter<u32> = RateLimiter::new(RateLimits::default());
+        // The first 100 retries (the burst) wait only their per-key 5 ms.
+        for k in 0..100 {
+            assert_eq!(l.when(&k), Duration::from_millis(5));
+        }
+        // Then 10 per second: the 101st waits 100 ms, the 102nd 200 ms.
+        assert_eq!(l.when(&100).as_millis(), 100);
+        assert_eq!(l.when(&101).as_millis(), 200);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shut_down_drains_then_ends() {
+        let q = queue();
+        q.add("a");
+        q.shut_down();
+        q.add("b");
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(q.get().await, None);
     }
 }

@@ -21,7 +21,12 @@ pub struct RateLimits {
 
 impl Default for RateLimits {
     fn default() -> Self {
-        RateLimits { base_delay: Duration::from_millis(5), max_delay: Duration::from_secs(1000), qps: 10.0, burst: 100 }
+        RateLimits {
+            base_delay: Duration::from_millis(5),
+            max_delay: Duration::from_secs(1000),
+            qps: 10.0,
+            burst: 100,
+        }
     }
 }
 
@@ -41,7 +46,10 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
         RateLimiter {
             limits,
             failures: Mutex::new(HashMap::new()),
-            bucket: Mutex::new(Bucket { tokens: f64::from(limits.burst), last: Instant::now() }),
+            bucket: Mutex::new(Bucket {
+                tokens: f64::from(limits.burst),
+                last: Instant::now(),
+            }),
         }
     }
 
@@ -59,11 +67,19 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
 
     /// Failures of `key` since it was last forgotten.
     pub fn failures(&self, key: &K) -> u32 {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied().unwrap_or(0)
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn forget(&self, key: &K) {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     }
 
     /// Reserves one token, like golang.org/x/time/rate's Reserve: the delay until it is available.
@@ -77,7 +93,11 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
         b.tokens = (b.tokens + refill).min(f64::from(self.limits.burst));
         b.last = now;
         b.tokens -= 1.0;
-        if b.tokens >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-b.tokens / self.limits.qps) }
+        if b.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-b.tokens / self.limits.qps)
+        }
     }
 }
 
@@ -88,5 +108,9 @@ pub fn backoff(base: Duration, max: Duration, exp: u32) -> Duration {
     }
     let factor = 1u128 << exp;
     let nanos = base.as_nanos().saturating_mul(factor);
-    if nanos > max.as_nanos() { max } else { Duration::from_nanos(nanos as u64) }
+    if nanos > max.as_nanos() {
+        max
+    } else {
+        Duration::from_nanos(nanos as u64)
+    }
 }

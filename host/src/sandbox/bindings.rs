@@ -11,4 +11,6 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::wcm::reconciler::reconciler::{Action, Description, ReconcileError, Request};
-pub use wcm::reconciler::types::{ApiError, KindRef, Mapping, ObjectKey, Permission, Secondary, Watch};
+pub use wcm::reconciler::types::{
+    ApiError, KindRef, Mapping, ObjectKey, Permission, Secondary, Watch,
+};

@@ -19,10 +19,14 @@ use anyhow::{Context, Result};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 
-pub use bindings::{Action, ApiError, Description, KindRef, Mapping, ObjectKey, Permission, ReconcileError, Request, Secondary, Watch};
 pub use bindings::wcm::reconciler::client::PatchType;
 pub use bindings::wcm::reconciler::events::EventType;
+pub use bindings::{
+    Action, ApiError, Description, KindRef, Mapping, ObjectKey, Permission, ReconcileError,
+    Request, Secondary, Watch,
+};
 pub use call_ctx::{CallCtx, Limits};
+pub use compile_cache::sha256_hex;
 
 use crate::services::Services;
 
@@ -42,7 +46,11 @@ pub struct RuntimeSettings {
 
 impl Default for RuntimeSettings {
     fn default() -> Self {
-        RuntimeSettings { compile_cache: None, max_instances: 128, max_memory: 256 << 20 }
+        RuntimeSettings {
+            compile_cache: None,
+            max_instances: 128,
+            max_memory: 256 << 20,
+        }
     }
 }
 
@@ -85,7 +93,6 @@ pub enum CallError {
 impl Runtime {
     pub fn new(settings: RuntimeSettings) -> Result<Self> {
         let mut config = Config::new();
-        config.async_support(true);
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         // One slot per concurrently live instance. A Rust component has a handful of core instances
@@ -99,13 +106,16 @@ impl Runtime {
             .total_stacks(n)
             .max_memory_size(settings.max_memory);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).context("create the wasm engine")?;
+        let engine =
+            Engine::new(&config).map_err(|e| anyhow::anyhow!("create the wasm engine: {e:#}"))?;
 
         let mut linker = Linker::<CallCtx>::new(&engine);
         // WASI with nothing granted: no files, no environment, no sockets. Rust's wasip2 std imports
         // these interfaces even when the plugin never uses them.
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).context("link WASI")?;
-        bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).context("link host functions")?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("link WASI: {e:#}"))?;
+        bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| anyhow::anyhow!("link host functions: {e:#}"))?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let (e, stop) = (engine.clone(), ticker_stop.clone());
@@ -118,7 +128,12 @@ impl Runtime {
                 }
             })
             .context("start the epoch thread")?;
-        Ok(Runtime { engine, linker, settings, ticker_stop })
+        Ok(Runtime {
+            engine,
+            linker,
+            settings,
+            ticker_stop,
+        })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -134,20 +149,42 @@ impl Runtime {
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
         let sha256 = compile_cache::sha256_hex(wasm);
-        let (component, from_cache) = compile_cache::load_or_compile(&self.engine, self.settings.compile_cache.as_deref(), &sha256, wasm)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin@0.1.0: {e:#}"))?;
-        let pre = bindings::PluginPre::new(pre)
-            .map_err(|e| anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin@0.1.0 (missing export?): {e:#}"))?;
-        Ok(Compiled { pre, sha256, size: wasm.len(), load_time: started.elapsed(), from_cache, component })
+        let (component, from_cache) = compile_cache::load_or_compile(
+            &self.engine,
+            self.settings.compile_cache.as_deref(),
+            &sha256,
+            wasm,
+        )?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin@0.1.0: {e:#}")
+        })?;
+        let pre = bindings::PluginPre::new(pre).map_err(|e| {
+            anyhow::anyhow!(
+                "not a plugin of world wcm:reconciler/plugin@0.1.0 (missing export?): {e:#}"
+            )
+        })?;
+        Ok(Compiled {
+            pre,
+            sha256,
+            size: wasm.len(),
+            load_time: started.elapsed(),
+            from_cache,
+            component,
+        })
     }
 
     /// Calls `describe` in a fresh instance.
-    pub async fn describe(&self, compiled: &Compiled, services: Arc<Services>, limits: &Limits) -> Result<Description, CallError> {
+    pub async fn describe(
+        &self,
+        compiled: &Compiled,
+        services: Arc<Services>,
+        limits: &Limits,
+    ) -> Result<Description, CallError> {
         self.call(compiled, services, limits, async |plugin, store| {
-            plugin.wcm_reconciler_reconciler().call_describe(store).await
+            plugin
+                .wcm_reconciler_reconciler()
+                .call_describe(store)
+                .await
         })
         .await
     }
@@ -161,9 +198,23 @@ impl Runtime {
         req: &Request,
     ) -> Result<Result<Action, ReconcileError>, CallError> {
         self.call(compiled, services, limits, async |plugin, store| {
-            plugin.wcm_reconciler_reconciler().call_reconcile(store, req).await
+            plugin
+                .wcm_reconciler_reconciler()
+                .call_reconcile(store, req)
+                .await
         })
         .await
+    }
+
+    /// Instantiates in a fresh store and drops it (for benchmarks of the instantiation cost).
+    pub async fn instantiate_only(
+        &self,
+        compiled: &Compiled,
+        services: Arc<Services>,
+        limits: &Limits,
+    ) -> Result<(), CallError> {
+        self.call(compiled, services, limits, async |_, _| Ok(()))
+            .await
     }
 
     async fn call<R>(
@@ -187,13 +238,21 @@ impl Runtime {
                 return Err(wasmtime::Error::from(Trap::Interrupt));
             }
             let left = c.cpu_deadline - guest;
-            Ok(wasmtime::UpdateDeadline::Continue(((left.as_nanos() / EPOCH_TICK.as_nanos()).max(1)) as u64))
+            Ok(wasmtime::UpdateDeadline::Continue(
+                ((left.as_nanos() / EPOCH_TICK.as_nanos()).max(1)) as u64,
+            ))
         });
 
         let wall = limits.wall_timeout;
         let result = tokio::time::timeout(wall, async {
-            let plugin = compiled.pre.instantiate_async(&mut store).await.map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
-            f(&plugin, &mut store).await.map_err(|e| classify(e, limits))
+            let plugin = compiled
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+            f(&plugin, &mut store)
+                .await
+                .map_err(|e| classify(e, limits))
         })
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
@@ -202,7 +261,9 @@ impl Runtime {
         ctx.flush_output(&plugin_name);
         match (&result, ctx.limit_broken()) {
             (Err(_), Some(why)) => Err(CallError::Limit(why.to_string())),
-            (Err(CallError::Trap(t)), None) => Err(CallError::Trap(with_panic_message(t, ctx.panic_message()))),
+            (Err(CallError::Trap(t)), None) => {
+                Err(CallError::Trap(with_panic_message(t, ctx.panic_message())))
+            }
             _ => result,
         }
     }
@@ -215,10 +276,8 @@ impl Drop for Runtime {
 }
 
 fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {
-    if let Some(trap) = e.downcast_ref::<Trap>() {
-        if *trap == Trap::Interrupt {
-            return CallError::Deadline(limits.cpu_deadline);
-        }
+    if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+        return CallError::Deadline(limits.cpu_deadline);
     }
     let text = format!("{e:#}");
     if text.contains("forcing trap when growing memory") || text.contains("memory allocation of") {

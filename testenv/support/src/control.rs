@@ -73,16 +73,26 @@ impl Control {
         });
 
         let mut line = String::new();
-        let n = stdout.read_line(&mut line).context("read testenv's ready line")?;
+        let n = stdout
+            .read_line(&mut line)
+            .context("read testenv's ready line")?;
         if n == 0 {
             let status = child.wait().ok();
             std::thread::sleep(std::time::Duration::from_millis(100));
-            let said = stderr_lines.lock().map(|v| v.join("\n")).unwrap_or_default();
+            let said = stderr_lines
+                .lock()
+                .map(|v| v.join("\n"))
+                .unwrap_or_default();
             bail!("testenv exited before the cluster was ready ({status:?}):\n{said}");
         }
-        let info: ReadyInfo =
-            serde_json::from_str(line.trim()).with_context(|| format!("testenv printed an unexpected line: {line}"))?;
-        Ok(Control(Arc::new(Mutex::new(Pipes { stdin, stdout, info, _child: child }))))
+        let info: ReadyInfo = serde_json::from_str(line.trim())
+            .with_context(|| format!("testenv printed an unexpected line: {line}"))?;
+        Ok(Control(Arc::new(Mutex::new(Pipes {
+            stdin,
+            stdout,
+            info,
+            _child: child,
+        }))))
     }
 
     /// What testenv said when it became ready (the latest start).
@@ -95,17 +105,27 @@ impl Control {
 
     /// Sends one command and waits for the reply event `expect`.
     pub fn command(&self, cmd: &str, expect: &str) -> Result<()> {
-        let mut p = self.0.lock().map_err(|_| anyhow::anyhow!("testenv control lock poisoned"))?;
+        let mut p = self
+            .0
+            .lock()
+            .map_err(|_| anyhow::anyhow!("testenv control lock poisoned"))?;
         writeln!(p.stdin, "{cmd}").context("send a command to testenv")?;
         p.stdin.flush()?;
         let mut line = String::new();
-        let n = p.stdout.read_line(&mut line).context("read testenv's reply")?;
+        let n = p
+            .stdout
+            .read_line(&mut line)
+            .context("read testenv's reply")?;
         if n == 0 {
             bail!("testenv exited while handling {cmd:?}");
         }
-        let reply: Reply = serde_json::from_str(line.trim()).with_context(|| format!("testenv replied {line}"))?;
+        let reply: Reply =
+            serde_json::from_str(line.trim()).with_context(|| format!("testenv replied {line}"))?;
         if reply.event != expect {
-            bail!("testenv {cmd:?} failed: {}", reply.error.unwrap_or(reply.event));
+            bail!(
+                "testenv {cmd:?} failed: {}",
+                reply.error.unwrap_or(reply.event)
+            );
         }
         if expect == "ready" {
             p.info = serde_json::from_str(line.trim())?;

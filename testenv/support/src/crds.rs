@@ -17,13 +17,18 @@ pub async fn install_all(client: &kube::Client, dir: &Path) -> Result<()> {
         .collect();
     files.sort();
     for file in files {
-        let text = std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
-        let crd: CustomResourceDefinition =
-            serde_yaml_ng::from_str(&text).with_context(|| format!("parse {} as a CRD", file.display()))?;
+        let text =
+            std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text)
+            .with_context(|| format!("parse {} as a CRD", file.display()))?;
         let name = crd.metadata.name.clone().context("CRD without a name")?;
-        api.patch(&name, &PatchParams::apply("wcm-testenv").force(), &Patch::Apply(&crd))
-            .await
-            .with_context(|| format!("apply CRD {name} from {}", file.display()))?;
+        api.patch(
+            &name,
+            &PatchParams::apply("wcm-testenv").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("apply CRD {name} from {}", file.display()))?;
         wait_established(&api, &name).await?;
     }
     Ok(())

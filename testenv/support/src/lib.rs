@@ -50,7 +50,11 @@ impl TestEnv {
             let kubeconfig = Kubeconfig::read().context(
                 "WCM_USE_EXISTING_CLUSTER is set but no kubeconfig could be read (KUBECONFIG or ~/.kube/config)",
             )?;
-            TestEnv { kubeconfig, kubeconfig_path: std::env::var_os("KUBECONFIG").map(PathBuf::from), control: None }
+            TestEnv {
+                kubeconfig,
+                kubeconfig_path: std::env::var_os("KUBECONFIG").map(PathBuf::from),
+                control: None,
+            }
         } else {
             let bin = testenv_binary()?;
             let control = tokio::task::spawn_blocking(move || Control::spawn(&bin, &[]))
@@ -59,7 +63,11 @@ impl TestEnv {
             let path = PathBuf::from(&control.info().kubeconfig);
             let kubeconfig = Kubeconfig::read_from(&path)
                 .with_context(|| format!("read the testenv kubeconfig {}", path.display()))?;
-            TestEnv { kubeconfig, kubeconfig_path: Some(path), control: Some(control) }
+            TestEnv {
+                kubeconfig,
+                kubeconfig_path: Some(path),
+                control: Some(control),
+            }
         };
         let client = env.client().await?;
         crds::install_all(&client, &manifests_dir().join("crds")).await?;
@@ -69,9 +77,12 @@ impl TestEnv {
     /// A new client for this cluster. Make one per test: a client is bound to the tokio runtime
     /// that created it, and every `#[tokio::test]` has its own runtime.
     pub async fn client(&self) -> Result<Client> {
-        let config = kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
-            .await
-            .context("build a client config from the kubeconfig")?;
+        let config = kube::Config::from_custom_kubeconfig(
+            self.kubeconfig.clone(),
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .context("build a client config from the kubeconfig")?;
         Client::try_from(config).context("build a kube client")
     }
 
@@ -143,7 +154,9 @@ pub fn sum_metric(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 
             if metric != name {
                 return None;
             }
-            let all = labels.iter().all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
+            let all = labels
+                .iter()
+                .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
             if !all {
                 return None;
             }
@@ -153,14 +166,18 @@ pub fn sum_metric(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 
 }
 
 fn existing_cluster_requested() -> bool {
-    matches!(std::env::var(USE_EXISTING_CLUSTER).as_deref(), Ok("1") | Ok("true"))
+    matches!(
+        std::env::var(USE_EXISTING_CLUSTER).as_deref(),
+        Ok("1") | Ok("true")
+    )
 }
 
 /// The repository root (this crate lives in `testenv/support`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-    })
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 /// `manifests/` of this repository.
@@ -172,7 +189,11 @@ pub fn manifests_dir() -> PathBuf {
 pub fn testenv_binary() -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os(TESTENV_BIN) {
         let bin = PathBuf::from(bin);
-        anyhow::ensure!(bin.is_file(), "{TESTENV_BIN}={} is not a file", bin.display());
+        anyhow::ensure!(
+            bin.is_file(),
+            "{TESTENV_BIN}={} is not a file",
+            bin.display()
+        );
         return Ok(bin);
     }
     let script = repo_root().join("testenv/build.sh");
@@ -188,6 +209,10 @@ pub fn testenv_binary() -> Result<PathBuf> {
         out.status
     );
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    anyhow::ensure!(!path.is_empty(), "{} printed no binary path", script.display());
+    anyhow::ensure!(
+        !path.is_empty(),
+        "{} printed no binary path",
+        script.display()
+    );
     Ok(PathBuf::from(path))
 }

@@ -35,14 +35,22 @@ impl TestNamespace {
             .await
             .with_context(|| format!("create namespace {name}"))?;
         let sa = ServiceAccount {
-            metadata: ObjectMeta { name: Some("default".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some("default".into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
-        match Api::<ServiceAccount>::namespaced(client.clone(), &name).create(&PostParams::default(), &sa).await {
+        match Api::<ServiceAccount>::namespaced(client.clone(), &name)
+            .create(&PostParams::default(), &sa)
+            .await
+        {
             Ok(_) => {}
             // A real cluster's controller-manager may have made it already.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e).with_context(|| format!("create ServiceAccount default in {name}")),
+            Err(e) => {
+                return Err(e).with_context(|| format!("create ServiceAccount default in {name}"));
+            }
         }
         Ok(TestNamespace { name })
     }
@@ -50,7 +58,9 @@ impl TestNamespace {
     /// Deletes the namespace. On the local cluster it stays Terminating (no namespace controller
     /// runs there); on a real cluster it is removed with everything in it.
     pub async fn delete(self, client: &kube::Client) -> Result<()> {
-        Api::<Namespace>::all(client.clone()).delete(&self.name, &DeleteParams::default()).await?;
+        Api::<Namespace>::all(client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
         Ok(())
     }
 }

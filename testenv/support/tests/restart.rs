@@ -22,7 +22,9 @@ async fn watch_resumes_after_apiserver_restart() -> Result<()> {
     let client = env.client().await?;
     let ns = env.namespace("restart").await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let cm = |name: &str| -> Result<ConfigMap> { Ok(serde_json::from_value(json!({"metadata": {"name": name}}))?) };
+    let cm = |name: &str| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name}}))?)
+    };
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let watch_api = cms.clone();
@@ -45,7 +47,10 @@ async fn watch_resumes_after_apiserver_restart() -> Result<()> {
     wait_for(&mut rx, "before").await?;
 
     env.stop_apiserver().await?;
-    assert!(cms.get("before").await.is_err(), "the apiserver still answers after stop");
+    assert!(
+        cms.get("before").await.is_err(),
+        "the apiserver still answers after stop"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     env.start_apiserver().await?;
 

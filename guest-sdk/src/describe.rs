@@ -1,0 +1,323 @@
+//! The plugin's declaration: what it watches, which API calls it may make, what it reads.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::resource::{ApiResource, Resource};
+use crate::types::{KindRef, ObjectKey};
+
+/// Everything the host needs to know to run a plugin, built with chained calls:
+///
+/// ```
+/// use std::time::Duration;
+/// use wcm_sdk::{Description, Mapping, ObjectKey, Permission, Watch};
+/// use wcm_sdk::k8s_openapi::api::core::v1::{Node, Pod};
+///
+/// let d = Description::new("pod-counter", "0.1.0")
+///     .primary(Watch::of::<Node>().metadata_only())
+///     .secondary(Watch::of::<Pod>().metadata_only(), Mapping::FixedKey(ObjectKey::cluster("pod-count")))
+///     .resync(Duration::from_secs(10))
+///     .permission(Permission::new("", "nodes", &["get", "patch"]))
+///     .config_key("label-key");
+/// assert!(d.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Description {
+    /// Unique among loaded plugins; a DNS label (lowercase letters, digits, `-`).
+    pub name: String,
+    /// The plugin's own version, shown in logs and metrics.
+    pub version: String,
+    /// The kind reconciled: its events enqueue the object's own key. Required.
+    pub primary: Option<Watch>,
+    /// Other kinds whose changes wake the plugin, and how they map to primary keys.
+    pub secondaries: Vec<Secondary>,
+    /// Every key is reconciled again after this many seconds (`None`: only on changes).
+    pub resync_seconds: Option<u32>,
+    /// Concurrent reconciles (distinct keys); the operator may override it.
+    pub workers: Option<u32>,
+    /// The API calls the plugin may make; anything else is refused with 403 `Forbidden`.
+    pub permissions: Vec<Permission>,
+    /// Hosts (`host` or `host:port`) the plugin may reach over wasi:http, if the operator allows
+    /// them too.
+    pub outbound_hosts: Vec<String>,
+    /// The configuration keys the plugin reads from its `NAME.toml`.
+    pub config_keys: Vec<String>,
+    /// Forward-compatible declarations: key → JSON text.
+    pub extensions: Vec<(String, String)>,
+}
+
+impl Description {
+    /// A plugin called `name` (a DNS label), at `version` (`env!("CARGO_PKG_VERSION")` is handy).
+    pub fn new(name: &str, version: &str) -> Self {
+        Description {
+            name: name.to_string(),
+            version: version.to_string(),
+            primary: None,
+            secondaries: Vec::new(),
+            resync_seconds: None,
+            workers: None,
+            permissions: Vec::new(),
+            outbound_hosts: Vec::new(),
+            config_keys: Vec::new(),
+            extensions: Vec::new(),
+        }
+    }
+
+    /// The primary watch: the kind reconciled.
+    pub fn primary(mut self, watch: Watch) -> Self {
+        self.primary = Some(watch);
+        self
+    }
+
+    /// A secondary watch and how its objects map to primary keys.
+    pub fn secondary(mut self, watch: Watch, mapping: Mapping) -> Self {
+        self.secondaries.push(Secondary { watch, mapping });
+        self
+    }
+
+    /// Reconcile every key again at this interval (whole seconds, at least 1). The operator can
+    /// override it with `resync_seconds` in the plugin's `NAME.toml`.
+    pub fn resync(mut self, every: Duration) -> Self {
+        self.resync_seconds = Some(u32::try_from(every.as_secs()).unwrap_or(u32::MAX).max(1));
+        self
+    }
+
+    /// [`Description::resync`] in seconds.
+    pub fn resync_seconds(mut self, seconds: u32) -> Self {
+        self.resync_seconds = Some(seconds);
+        self
+    }
+
+    /// Concurrent reconciles of distinct keys.
+    pub fn workers(mut self, workers: u32) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// An API permission the plugin needs.
+    pub fn permission(mut self, permission: Permission) -> Self {
+        self.permissions.push(permission);
+        self
+    }
+
+    /// A host (`host` or `host:port`) the plugin may reach over wasi:http.
+    pub fn outbound_host(mut self, host: &str) -> Self {
+        self.outbound_hosts.push(host.to_string());
+        self
+    }
+
+    /// A configuration key the plugin reads with [`Context::config`](crate::Context::config).
+    pub fn config_key(mut self, key: &str) -> Self {
+        self.config_keys.push(key.to_string());
+        self
+    }
+
+    /// A forward-compatible declaration the contract does not have a field for yet.
+    pub fn extension(mut self, key: &str, value: Value) -> Self {
+        self.extensions.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Checks what the host checks at load time, so a unit test can catch it: the name is a DNS
+    /// label, a primary watch is set, kinds and permissions are complete, numbers are positive.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = &self.name;
+        let dns_label = !n.is_empty()
+            && n.len() <= 63
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !n.starts_with('-')
+            && !n.ends_with('-');
+        if !dns_label {
+            return Err(format!(
+                "plugin name {n:?} is not a DNS label (lowercase letters, digits, '-', at most 63)"
+            ));
+        }
+        if self.version.is_empty() {
+            return Err("the plugin version is empty".into());
+        }
+        let Some(primary) = &self.primary else {
+            return Err("no primary watch: call .primary(Watch::of::<K>())".into());
+        };
+        primary.validate("primary watch")?;
+        for s in &self.secondaries {
+            s.watch.validate("secondary watch")?;
+            if let Mapping::FixedKey(key) = &s.mapping
+                && key.name.is_empty()
+            {
+                return Err(format!(
+                    "secondary watch of {}: fixed key with an empty name",
+                    s.watch.kind
+                ));
+            }
+        }
+        if self.resync_seconds == Some(0) {
+            return Err("resync_seconds must be at least 1".into());
+        }
+        if self.workers == Some(0) {
+            return Err("workers must be at least 1".into());
+        }
+        const VERBS: [&str; 7] = ["get", "list", "create", "update", "patch", "delete", "*"];
+        for p in &self.permissions {
+            if p.resource.is_empty() || p.verbs.is_empty() {
+                return Err(format!("permission {p:?}: resource and verbs are required"));
+            }
+            if let Some(v) = p.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
+                return Err(format!(
+                    "permission on {:?}: unknown verb {v:?} (expected one of {VERBS:?})",
+                    p.resource
+                ));
+            }
+        }
+        for (key, value) in &self.extensions {
+            serde_json::from_str::<Value>(value)
+                .map_err(|e| format!("extension {key:?} is not JSON: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A set of objects the host lists and watches for the plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Watch {
+    /// The kind watched.
+    pub kind: KindRef,
+    /// Only this namespace; `None`: all namespaces (or a cluster-scoped kind).
+    pub namespace: Option<String>,
+    /// A label selector in the API server's syntax, e.g. `"app=web,tier!=db"`.
+    pub label_selector: Option<String>,
+    /// The plugin reads only metadata: far cheaper for the host (and the API server).
+    pub metadata_only: bool,
+}
+
+impl Watch {
+    /// All objects of a typed kind: `Watch::of::<Pod>()`.
+    pub fn of<K: Resource<DynamicType = ()>>() -> Self {
+        Self::of_resource(&K::api_resource(&()))
+    }
+
+    /// All objects of a kind known at run time.
+    pub fn of_resource(resource: &ApiResource) -> Self {
+        Self::kind(resource.kind_ref())
+    }
+
+    /// All objects of a kind.
+    pub fn kind(kind: KindRef) -> Self {
+        Watch {
+            kind,
+            namespace: None,
+            label_selector: None,
+            metadata_only: false,
+        }
+    }
+
+    /// Only objects in `namespace`.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.namespace = Some(namespace.to_string());
+        self
+    }
+
+    /// Only objects whose labels match `selector`.
+    pub fn label_selector(mut self, selector: &str) -> Self {
+        self.label_selector = Some(selector.to_string());
+        self
+    }
+
+    /// Only metadata (name, namespace, labels, annotations, owners...): enough when the plugin
+    /// does not read `spec` or `status`.
+    pub fn metadata_only(mut self) -> Self {
+        self.metadata_only = true;
+        self
+    }
+
+    fn validate(&self, what: &str) -> Result<(), String> {
+        if self.kind.version.is_empty() || self.kind.kind.is_empty() {
+            return Err(format!(
+                "{what}: the kind needs a version and a kind: {:?}",
+                self.kind
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How an event on a secondary object becomes a key of the primary kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapping {
+    /// The object's controller owner reference, when it points at the primary kind (a Pod → its
+    /// ReplicaSet).
+    ControllerOwner,
+    /// Always this one key: many changes coalesce into one reconcile of an aggregate ("count all
+    /// pods"). The request for it usually has no object.
+    FixedKey(ObjectKey),
+    /// The primary object with the same namespace and name (a Service → its Endpoints).
+    SameKey,
+}
+
+impl Mapping {
+    /// [`Mapping::FixedKey`] of a cluster-scoped name.
+    pub fn fixed_key(name: &str) -> Self {
+        Mapping::FixedKey(ObjectKey::cluster(name))
+    }
+}
+
+/// A secondary watch and its mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secondary {
+    /// What is watched.
+    pub watch: Watch,
+    /// How its objects map to primary keys.
+    pub mapping: Mapping,
+}
+
+/// An API permission: verbs on a resource of a group, like an RBAC rule.
+///
+/// Verbs: `get`, `list`, `create`, `update` (replace), `patch` (every patch type, server-side
+/// apply included), `delete`, or `*`. The status subresource is a resource of its own:
+/// [`Api::patch_status`](crate::Api::patch_status) needs `patch` on `"<plural>/status"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permission {
+    /// API group; `""` for core.
+    pub group: String,
+    /// Plural resource name, with `/subresource` where it applies: `"nodes"`, `"networks/status"`.
+    pub resource: String,
+    /// The verbs allowed.
+    pub verbs: Vec<String>,
+}
+
+impl Permission {
+    /// `Permission::new("", "nodes", &["get", "patch"])`.
+    pub fn new(group: &str, resource: &str, verbs: &[&str]) -> Self {
+        Permission {
+            group: group.to_string(),
+            resource: resource.to_string(),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        }
+    }
+
+    /// A permission on a typed kind: `Permission::of::<Node>(&["get", "patch"])`.
+    pub fn of<K: Resource<DynamicType = ()>>(verbs: &[&str]) -> Self {
+        Self::of_resource(&K::api_resource(&()), verbs)
+    }
+
+    /// A permission on a kind known at run time.
+    pub fn of_resource(resource: &ApiResource, verbs: &[&str]) -> Self {
+        Self::new(&resource.group, &resource.plural, verbs)
+    }
+
+    /// The same permission on the status subresource (`"<plural>/status"`).
+    pub fn status(mut self) -> Self {
+        self.resource = format!("{}/status", self.resource);
+        self
+    }
+
+    /// Whether it allows `verb` on `resource` of `group` (`*` matches any verb or resource).
+    pub fn allows(&self, group: &str, resource: &str, verb: &str) -> bool {
+        self.group == group
+            && (self.resource == resource || self.resource == "*")
+            && self.verbs.iter().any(|v| v == verb || v == "*")
+    }
+}

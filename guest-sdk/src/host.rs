@@ -1,0 +1,81 @@
+//! The host calls a plugin can make, as an object-safe trait: the wasm build implements it with the
+//! component imports, tests with [`MockHost`](crate::testing::MockHost).
+
+use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
+
+/// Everything a plugin can ask of its host, one method per import of the contract.
+///
+/// Plugin code normally goes through [`Context`](crate::Context) and its typed wrappers; this trait
+/// is the raw, JSON-in/JSON-out layer beneath them ([`Context::host`](crate::Context::host)).
+pub trait Host {
+    /// GET one object; its JSON.
+    fn get(&self, kind: &KindRef, key: &ObjectKey) -> Result<String, ApiError>;
+    /// LIST objects (namespace `None`: all namespaces); the List's JSON.
+    fn list(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<String, ApiError>;
+    /// POST an object (JSON); the created object.
+    fn create(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        body: &str,
+    ) -> Result<String, ApiError>;
+    /// PUT an object (JSON, with its resourceVersion for optimistic concurrency); the stored object.
+    fn replace(&self, kind: &KindRef, key: &ObjectKey, body: &str) -> Result<String, ApiError>;
+    /// PATCH an object; the patched object.
+    fn patch(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        patch_type: PatchType,
+        body: &str,
+    ) -> Result<String, ApiError>;
+    /// PATCH the status subresource; the patched object.
+    fn patch_status(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        patch_type: PatchType,
+        body: &str,
+    ) -> Result<String, ApiError>;
+    /// DELETE an object.
+    fn delete(&self, kind: &KindRef, key: &ObjectKey) -> Result<(), ApiError>;
+
+    /// One cached object's JSON (`None` when absent, or when the kind is not watched).
+    fn cache_get(&self, kind: &KindRef, key: &ObjectKey) -> Option<String>;
+    /// The keys of cached objects (namespace `None`: all), filtered by a label selector.
+    fn cache_keys(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<ObjectKey>, String>;
+    /// The cached objects' JSON, filtered like [`Host::cache_keys`].
+    fn cache_list(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<String>, String>;
+
+    /// Records a Kubernetes event; never fails.
+    fn record_event(
+        &self,
+        regarding: &ObjectRef,
+        event_type: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    );
+    /// Writes a structured log line to the host's log.
+    fn log(&self, level: Level, message: &str, fields: &[(&str, &str)]);
+
+    /// A configuration value from the plugin's `NAME.toml`.
+    fn config(&self, key: &str) -> Option<String>;
+    /// A secret value referenced in the plugin's `NAME.toml`, resolved by the host.
+    fn secret(&self, key: &str) -> Option<String>;
+}

@@ -1,0 +1,198 @@
+//! What a reconcile receives and returns, and the trait a plugin implements.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::context::Context;
+use crate::describe::Description;
+use crate::resource::{ApiResource, Resource, decode};
+use crate::types::{ApiError, ObjectKey};
+
+/// A plugin: its declaration and its reconcile function. Export it with
+/// [`export_plugin!`](crate::export_plugin).
+pub trait Reconciler {
+    /// What the plugin watches, may call and reads; called once when the host loads the plugin.
+    fn describe() -> Description;
+
+    /// Brings the world in line with one key of the primary kind.
+    ///
+    /// Called for every dequeued key: after a change of the object (or of a secondary object that
+    /// maps to it), after a resync, after a requeue or a retryable error. It must be idempotent:
+    /// look at the current state, change only what differs.
+    fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error>;
+}
+
+/// One dequeued key of the primary kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The object's namespace and name.
+    pub key: ObjectKey,
+    /// The cached object as JSON; `None` when it was deleted (or never existed: an aggregate key
+    /// from a [`Mapping::FixedKey`](crate::Mapping::FixedKey) has no object).
+    pub object: Option<String>,
+    /// Failed attempts in a row for this key before this one (0 on a first try).
+    pub attempt: u32,
+}
+
+impl Request {
+    /// A first attempt for `key` with the given object JSON (for tests).
+    pub fn new(key: ObjectKey, object: Option<String>) -> Self {
+        Request {
+            key,
+            object,
+            attempt: 0,
+        }
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        &self.key.name
+    }
+
+    /// The object's namespace.
+    pub fn namespace(&self) -> Option<&str> {
+        self.key.namespace.as_deref()
+    }
+
+    /// Whether the object is gone (deleted, or the key never had one).
+    pub fn is_deleted(&self) -> bool {
+        self.object.is_none()
+    }
+
+    /// The object, typed; `None` when it is gone. A body that does not read as `K` is a terminal
+    /// error.
+    pub fn object<K: Resource<DynamicType = ()>>(&self) -> Result<Option<K>, Error> {
+        self.object_with(&())
+    }
+
+    /// Like [`Request::object`], for kinds known at run time ([`DynamicObject`](crate::DynamicObject)).
+    pub fn object_with<K: Resource>(&self, dt: &K::DynamicType) -> Result<Option<K>, Error> {
+        let resource: ApiResource = K::api_resource(dt);
+        self.object
+            .as_deref()
+            .map(|json| {
+                decode(json, &resource).map_err(|e| {
+                    Error::terminal(format!("reading the {} {}: {e}", resource.kind, self.key))
+                })
+            })
+            .transpose()
+    }
+
+    /// The object as untyped JSON; `None` when it is gone.
+    pub fn object_value(&self) -> Result<Option<serde_json::Value>, Error> {
+        self.object
+            .as_deref()
+            .map(|json| {
+                serde_json::from_str(json)
+                    .map_err(|e| Error::terminal(format!("reading the object {}: {e}", self.key)))
+            })
+            .transpose()
+    }
+}
+
+/// What to do after a successful reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Action {
+    requeue_after: Option<Duration>,
+}
+
+impl Action {
+    /// Reconciled; wait for the next change (or resync).
+    pub fn done() -> Self {
+        Action {
+            requeue_after: None,
+        }
+    }
+
+    /// Reconciled; look at the key again after `after` even if nothing changes (polling
+    /// something outside the cluster, waiting for a deadline).
+    pub fn requeue(after: Duration) -> Self {
+        Action {
+            requeue_after: Some(after),
+        }
+    }
+
+    /// The requeue delay, if any.
+    pub fn requeue_after(&self) -> Option<Duration> {
+        self.requeue_after
+    }
+}
+
+/// A failed reconcile. Retryable errors are retried with backoff (the next [`Request::attempt`]
+/// counts them); terminal ones are not retried: the host records a Warning event and a metric.
+///
+/// From an [`ApiError`] (so `?` works on API calls): terminal for 400, 403, 405, 413, 415, 422
+/// and the SDK's own serialization errors, retryable for everything else (0 = no answer, 404, 409
+/// conflicts, 429, 5xx) — see [`ApiError::is_retryable`]. From a `serde_json::Error`: terminal (a
+/// body that does not parse will not parse next time either).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    message: String,
+    terminal: bool,
+    api: Option<ApiError>,
+}
+
+impl Error {
+    /// An error worth retrying (with backoff).
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Error {
+            message: message.into(),
+            terminal: false,
+            api: None,
+        }
+    }
+
+    /// An error retrying cannot fix (invalid spec, missing configuration...).
+    pub fn terminal(message: impl Into<String>) -> Self {
+        Error {
+            message: message.into(),
+            terminal: true,
+            api: None,
+        }
+    }
+
+    /// The same error with `context` in front of its message: `"context: message"`.
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
+
+    /// Whether retrying is pointless.
+    pub fn is_terminal(&self) -> bool {
+        self.terminal
+    }
+
+    /// The message, as the host will log it.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The API error this came from, if it came from one.
+    pub fn api_error(&self) -> Option<&ApiError> {
+        self.api.as_ref()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Self {
+        Error {
+            message: e.to_string(),
+            terminal: !e.is_retryable(),
+            api: Some(e),
+        }
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::terminal(format!("JSON: {e}"))
+    }
+}

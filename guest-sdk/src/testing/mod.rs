@@ -1,0 +1,1020 @@
+//! An in-memory host for unit tests on the native target: `cargo test`, no cluster, no wasm.
+//!
+//! [`MockHost`] holds two stores, as the real world has two: the informer **cache** (what
+//! [`Cache`](crate::Cache) reads and what a request's object comes from) and the **API server**
+//! (what [`Api`](crate::Api) calls read and write). [`MockHost::seed`] puts an object in both;
+//! API writes change only the API store, as they would until the watch catches up —
+//! [`MockHost::sync_cache`] plays that catch-up.
+//!
+//! What it checks like the real host, once it knows the plugin ([`MockHost::for_reconciler`]):
+//! every API call against the declared permissions (403 `Forbidden`), cache reads against the
+//! declared watches (not watched: an error from `keys`/`list`, `None` from `get`; objects outside
+//! a watch's namespace or label selector are invisible; metadata-only watches hand out
+//! `PartialObjectMetadata`, as the API server sends it).
+//!
+//! How the API store behaves: `get` of an absent object is 404 `NotFound`; `create` of an existing
+//! name is 409 `AlreadyExists` (and sets `uid`, `resourceVersion`, `creationTimestamp`); a
+//! `replace` or a patch carrying a stale `resourceVersion` is 409 `Conflict`; merge patches are
+//! applied exactly (RFC 7386), JSON patches exactly (RFC 6902; a failed `test` is 422 `Invalid`).
+//! Approximations: a strategic merge patch is applied as a merge patch (lists are replaced, not
+//! merged by key); server-side apply is a merge patch that creates the object when it is absent
+//! (no field ownership, no conflicts); `patch_status` applies the patch and keeps only the
+//! `status` of the result; `delete` of an object with finalizers sets `deletionTimestamp`, and the
+//! object goes when a write leaves it with no finalizers.
+
+mod patch;
+mod selector;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::context::Context;
+use crate::describe::{Description, Watch};
+use crate::host::Host;
+use crate::reconcile::{Action, Error, Reconciler, Request};
+use crate::resource::{ApiResource, Resource, decode, plural_of};
+use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
+use selector::Selector;
+
+/// The timestamp the mock writes into `creationTimestamp` and `deletionTimestamp`.
+pub const MOCK_TIME: &str = "2026-01-01T00:00:00Z";
+
+/// The API verbs, as recorded in [`ApiCall`] and matched by [`MockHost::fail_next`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    /// `client.get`
+    Get,
+    /// `client.list`
+    List,
+    /// `client.create`
+    Create,
+    /// `client.replace` (RBAC verb `update`)
+    Replace,
+    /// `client.patch`
+    Patch,
+    /// `client.patch-status` (RBAC verb `patch` on `<plural>/status`)
+    PatchStatus,
+    /// `client.delete`
+    Delete,
+}
+
+impl Verb {
+    /// The RBAC verb the permission check uses.
+    pub fn rbac(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Create => "create",
+            Verb::Replace => "update",
+            Verb::Patch | Verb::PatchStatus => "patch",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+/// One API call the plugin made, with its outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiCall {
+    /// What was called.
+    pub verb: Verb,
+    /// The kind it was called on.
+    pub kind: KindRef,
+    /// The namespace argument (or the key's namespace).
+    pub namespace: Option<String>,
+    /// The object's name (`None` for `list` and `create`).
+    pub name: Option<String>,
+    /// The label selector of a `list`.
+    pub label_selector: Option<String>,
+    /// The patch type of a patch.
+    pub patch_type: Option<PatchType>,
+    /// The body sent (`create`, `replace`, patches), parsed (a string when it was not JSON).
+    pub body: Option<Value>,
+    /// The error the call returned, if it failed.
+    pub error: Option<ApiError>,
+}
+
+/// One patch (or status patch) the plugin sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedPatch {
+    /// The patched kind.
+    pub kind: KindRef,
+    /// The patched object.
+    pub key: ObjectKey,
+    /// The patch type.
+    pub patch_type: PatchType,
+    /// The patch body, parsed (a string when it was not JSON).
+    pub body: Value,
+    /// Whether it went to the status subresource.
+    pub status: bool,
+    /// The error it returned, if it failed.
+    pub error: Option<ApiError>,
+}
+
+/// One event the plugin recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedEvent {
+    /// The object it is about.
+    pub regarding: ObjectRef,
+    /// Normal or Warning.
+    pub event_type: EventType,
+    /// The reason (`"SuccessCalculatePod"`).
+    pub reason: String,
+    /// The action (`"Count"`).
+    pub action: String,
+    /// The note (`"pod count is 3"`).
+    pub note: String,
+}
+
+/// One log line the plugin wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogLine {
+    /// Its level.
+    pub level: Level,
+    /// Its message.
+    pub message: String,
+    /// Its `key=value` fields.
+    pub fields: Vec<(String, String)>,
+}
+
+impl LogLine {
+    /// The value of field `key`.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+type GroupKind = (String, String);
+type Store = BTreeMap<GroupKind, BTreeMap<ObjectKey, Value>>;
+
+#[derive(Default)]
+struct State {
+    declared: Option<Description>,
+    plurals: BTreeMap<GroupKind, String>,
+    cache: Store,
+    api: Store,
+    config: BTreeMap<String, String>,
+    secrets: BTreeMap<String, String>,
+    calls: Vec<ApiCall>,
+    events: Vec<RecordedEvent>,
+    logs: Vec<LogLine>,
+    failures: Vec<(Verb, ApiError)>,
+    revision: u64,
+    uids: u64,
+}
+
+/// An in-memory [`Host`] for unit tests; see the [module docs](self) for what it models.
+///
+/// Cloning gives another handle on the same state, so a test keeps one to seed and inspect while
+/// the [`Context`] it hands to the reconcile holds another.
+///
+/// ```
+/// use wcm_sdk::testing::MockHost;
+/// use wcm_sdk::k8s_openapi::api::core::v1::ConfigMap;
+/// use wcm_sdk::{ObjectKey, Patch};
+/// use serde_json::json;
+///
+/// let host = MockHost::new();
+/// host.seed(&json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}}));
+///
+/// let ctx = host.context();
+/// let api = ctx.api_namespaced::<ConfigMap>("ns");
+/// api.patch("c", &Patch::Merge(json!({"data": {"k": "v"}}))).expect("patched");
+/// assert!(api.get("missing").is_err_and(|e| e.is_not_found()));
+///
+/// let stored: ConfigMap = host.object(Some("ns"), "c").expect("exists");
+/// assert_eq!(stored.data.unwrap_or_default()["k"], "v");
+/// assert_eq!(host.patches().len(), 1);
+/// ```
+#[derive(Clone, Default)]
+pub struct MockHost {
+    state: Rc<RefCell<State>>,
+}
+
+impl std::fmt::Debug for MockHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockHost").finish_non_exhaustive()
+    }
+}
+
+fn group_kind(kind: &KindRef) -> GroupKind {
+    (kind.group.clone(), kind.kind.clone())
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+}
+
+fn set_meta(obj: &mut Value, field: &str, value: Value) {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = Value::Object(Map::new());
+    }
+    obj["metadata"][field] = value;
+}
+
+fn parse_body(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()))
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError {
+        code: 400,
+        reason: "BadRequest".into(),
+        message: message.into(),
+    }
+}
+
+impl MockHost {
+    /// A host that checks nothing: every API call is allowed, every kind is cached. Prefer
+    /// [`MockHost::for_reconciler`], which checks like the real host.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A host for plugin `R`: its description is validated like the host does at load time
+    /// (panics with the reason if it is invalid), then API calls are checked against its
+    /// permissions and cache reads against its watches.
+    pub fn for_reconciler<R: Reconciler>() -> Self {
+        let host = Self::new();
+        host.declare(R::describe());
+        host
+    }
+
+    /// Checks calls against this description from now on (see [`MockHost::for_reconciler`]).
+    ///
+    /// # Panics
+    /// If the description is invalid ([`Description::validate`]).
+    pub fn declare(&self, description: Description) -> &Self {
+        if let Err(e) = description.validate() {
+            panic!("invalid plugin description: {e}");
+        }
+        self.state.borrow_mut().declared = Some(description);
+        self
+    }
+
+    /// The plural resource name of a kind, for the permission check, when the usual English plural
+    /// (`Policy` → `policies`) is wrong for it.
+    pub fn with_plural(&self, group: &str, kind: &str, plural: &str) -> &Self {
+        self.state
+            .borrow_mut()
+            .plurals
+            .insert((group.to_string(), kind.to_string()), plural.to_string());
+        self
+    }
+
+    /// Puts an object in the cache and in the API server. Anything that serializes to an object
+    /// with `apiVersion`, `kind` and `metadata.name` will do: a k8s-openapi type, a `json!` value,
+    /// a [`DynamicObject`](crate::DynamicObject).
+    ///
+    /// # Panics
+    /// If the object lacks `apiVersion`, `kind` or `metadata.name`.
+    pub fn seed(&self, obj: &impl Serialize) -> &Self {
+        self.seed_cache(obj).seed_api(obj)
+    }
+
+    /// Puts an object in the cache only (the API server does not have it, or not yet).
+    ///
+    /// # Panics
+    /// As [`MockHost::seed`].
+    pub fn seed_cache(&self, obj: &impl Serialize) -> &Self {
+        let (gk, key, value) = Self::identify(obj);
+        self.state
+            .borrow_mut()
+            .cache
+            .entry(gk)
+            .or_default()
+            .insert(key, value);
+        self
+    }
+
+    /// Puts an object in the API server only (the cache has not seen it).
+    ///
+    /// # Panics
+    /// As [`MockHost::seed`].
+    pub fn seed_api(&self, obj: &impl Serialize) -> &Self {
+        let (gk, key, value) = Self::identify(obj);
+        self.state
+            .borrow_mut()
+            .api
+            .entry(gk)
+            .or_default()
+            .insert(key, value);
+        self
+    }
+
+    fn identify(obj: &impl Serialize) -> (GroupKind, ObjectKey, Value) {
+        let value = serde_json::to_value(obj)
+            .unwrap_or_else(|e| panic!("seeded object does not serialize: {e}"));
+        let api_version = value.get("apiVersion").and_then(Value::as_str);
+        let kind = value.get("kind").and_then(Value::as_str);
+        let (Some(api_version), Some(kind), Some(name)) =
+            (api_version, kind, meta_str(&value, "name"))
+        else {
+            panic!("a seeded object needs apiVersion, kind and metadata.name: {value}");
+        };
+        let kind = KindRef::from_api_version(api_version, kind);
+        let key = ObjectKey::new(meta_str(&value, "namespace"), name);
+        (group_kind(&kind), key, value)
+    }
+
+    /// Makes the cache show what the API server holds now (the watch caught up).
+    pub fn sync_cache(&self) -> &Self {
+        let mut st = self.state.borrow_mut();
+        st.cache = st.api.clone();
+        self
+    }
+
+    /// Sets a configuration value (`[config]` of `NAME.toml`).
+    pub fn set_config(&self, key: &str, value: &str) -> &Self {
+        self.state
+            .borrow_mut()
+            .config
+            .insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Sets a secret value (`[secrets]` of `NAME.toml`, resolved).
+    pub fn set_secret(&self, key: &str, value: &str) -> &Self {
+        self.state
+            .borrow_mut()
+            .secrets
+            .insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Makes the next API call with `verb` fail with `error` (once), e.g.
+    /// `ApiError::new(500, "InternalError", "etcd timeout")`. The call is still recorded.
+    pub fn fail_next(&self, verb: Verb, error: ApiError) -> &Self {
+        self.state.borrow_mut().failures.push((verb, error));
+        self
+    }
+
+    /// A [`Context`] over this host.
+    pub fn context(&self) -> Context {
+        Context::new(self.clone())
+    }
+
+    /// Reconciles `key` with plugin `R`, as the host does: the request carries the cached object
+    /// of `R`'s primary kind (`None` when the cache does not have it).
+    pub fn run<R: Reconciler>(&self, key: ObjectKey) -> Result<Action, Error> {
+        let kind = R::describe()
+            .primary
+            .map(|w| w.kind)
+            .unwrap_or_else(|| KindRef::new("", "", ""));
+        let object = self.cache_get(&kind, &key);
+        self.run_request::<R>(Request::new(key, object))
+    }
+
+    /// Reconciles a request made by the test.
+    pub fn run_request<R: Reconciler>(&self, request: Request) -> Result<Action, Error> {
+        R::reconcile(&self.context(), request)
+    }
+
+    /// Every API call so far, in order.
+    pub fn calls(&self) -> Vec<ApiCall> {
+        self.state.borrow().calls.clone()
+    }
+
+    /// Every patch and status patch so far, in order.
+    pub fn patches(&self) -> Vec<RecordedPatch> {
+        self.state
+            .borrow()
+            .calls
+            .iter()
+            .filter(|c| matches!(c.verb, Verb::Patch | Verb::PatchStatus))
+            .map(|c| RecordedPatch {
+                kind: c.kind.clone(),
+                key: ObjectKey {
+                    namespace: c.namespace.clone(),
+                    name: c.name.clone().unwrap_or_default(),
+                },
+                patch_type: c.patch_type.unwrap_or(PatchType::Merge),
+                body: c.body.clone().unwrap_or(Value::Null),
+                status: c.verb == Verb::PatchStatus,
+                error: c.error.clone(),
+            })
+            .collect()
+    }
+
+    /// Every event recorded so far, in order.
+    pub fn events(&self) -> Vec<RecordedEvent> {
+        self.state.borrow().events.clone()
+    }
+
+    /// Every log line so far, in order.
+    pub fn logs(&self) -> Vec<LogLine> {
+        self.state.borrow().logs.clone()
+    }
+
+    /// Forgets the recorded calls, events and logs (between the steps of a test).
+    pub fn clear_records(&self) -> &Self {
+        let mut st = self.state.borrow_mut();
+        st.calls.clear();
+        st.events.clear();
+        st.logs.clear();
+        self
+    }
+
+    /// An object as the API server holds it now, typed; `None` when absent.
+    ///
+    /// # Panics
+    /// If the stored object does not read as `K`.
+    pub fn object<K: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<K> {
+        let resource = ApiResource::of::<K>();
+        let value = self.object_value(&resource.kind_ref(), &ObjectKey::new(namespace, name))?;
+        let json = value.to_string();
+        Some(decode(&json, &resource).unwrap_or_else(|e| {
+            panic!(
+                "stored {} {name} does not read as the type: {e}",
+                resource.kind
+            )
+        }))
+    }
+
+    /// An object as the API server holds it now, as JSON; `None` when absent.
+    pub fn object_value(&self, kind: &KindRef, key: &ObjectKey) -> Option<Value> {
+        self.state
+            .borrow()
+            .api
+            .get(&group_kind(kind))
+            .and_then(|objs| objs.get(key))
+            .cloned()
+    }
+}
+
+impl State {
+    fn plural(&self, kind: &KindRef) -> String {
+        self.plurals
+            .get(&group_kind(kind))
+            .cloned()
+            .unwrap_or_else(|| plural_of(&kind.kind))
+    }
+
+    fn check_permission(&self, verb: Verb, kind: &KindRef) -> Result<(), ApiError> {
+        let Some(d) = &self.declared else {
+            return Ok(());
+        };
+        let mut resource = self.plural(kind);
+        if verb == Verb::PatchStatus {
+            resource.push_str("/status");
+        }
+        if d.permissions
+            .iter()
+            .any(|p| p.allows(&kind.group, &resource, verb.rbac()))
+        {
+            return Ok(());
+        }
+        Err(ApiError {
+            code: 403,
+            reason: "Forbidden".into(),
+            message: format!(
+                "plugin {} did not declare permission to {} {resource} in API group {:?}: add Permission::new({:?}, {resource:?}, &[{:?}]) to its description",
+                d.name,
+                verb.rbac(),
+                kind.group,
+                kind.group,
+                verb.rbac()
+            ),
+        })
+    }
+
+    /// The watches of `kind`, or `None` when nothing is declared (everything visible).
+    fn watches(&self, kind: &KindRef) -> Option<Vec<&Watch>> {
+        let d = self.declared.as_ref()?;
+        let all = d
+            .primary
+            .iter()
+            .chain(d.secondaries.iter().map(|s| &s.watch));
+        Some(all.filter(|w| w.kind == *kind).collect())
+    }
+
+    /// What the cache hands out for `obj`: `None` when no watch covers it; metadata only when
+    /// every watch covering it is metadata-only.
+    fn cached_view(&self, kind: &KindRef, obj: &Value) -> Option<Value> {
+        let Some(watches) = self.watches(kind) else {
+            return Some(obj.clone());
+        };
+        let metadata = obj.get("metadata").cloned().unwrap_or(Value::Null);
+        let covering: Vec<&&Watch> = watches
+            .iter()
+            .filter(|w| {
+                w.namespace.is_none() || w.namespace.as_deref() == meta_str(obj, "namespace")
+            })
+            .filter(|w| {
+                w.label_selector
+                    .as_deref()
+                    .is_none_or(|s| Selector::parse(s).is_ok_and(|s| s.matches(&metadata)))
+            })
+            .collect();
+        if covering.is_empty() {
+            return None;
+        }
+        if covering.iter().all(|w| w.metadata_only) {
+            return Some(
+                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": metadata}),
+            );
+        }
+        Some(obj.clone())
+    }
+
+    fn cache_select(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<(ObjectKey, Value)>, String> {
+        if self.watches(kind).is_some_and(|w| w.is_empty()) {
+            return Err(format!(
+                "{}/{} is not watched by this plugin: declare it in describe to read it from the cache",
+                kind.version, kind.kind
+            ));
+        }
+        let selector = Selector::parse(label_selector.unwrap_or(""))?;
+        let Some(objects) = self.cache.get(&group_kind(kind)) else {
+            return Ok(Vec::new());
+        };
+        Ok(objects
+            .iter()
+            .filter(|(key, _)| namespace.is_none() || key.namespace.as_deref() == namespace)
+            .filter(|(_, obj)| selector.matches(obj.get("metadata").unwrap_or(&Value::Null)))
+            .filter_map(|(key, obj)| Some((key.clone(), self.cached_view(kind, obj)?)))
+            .collect())
+    }
+
+    fn next_revision(&mut self) -> String {
+        self.revision += 1;
+        (1000 + self.revision).to_string()
+    }
+
+    fn not_found(&self, kind: &KindRef, key: &ObjectKey) -> ApiError {
+        ApiError {
+            code: 404,
+            reason: "NotFound".into(),
+            message: format!("{} {:?} not found", self.plural(kind), key.name),
+        }
+    }
+
+    fn conflict(&self, kind: &KindRef, key: &ObjectKey) -> ApiError {
+        ApiError {
+            code: 409,
+            reason: "Conflict".into(),
+            message: format!(
+                "Operation cannot be fulfilled on {} {:?}: the object has been modified; please apply your changes to the latest version and try again",
+                self.plural(kind),
+                key.name
+            ),
+        }
+    }
+
+    /// Stores `obj` after a write: new resourceVersion; gone when it is being deleted and no
+    /// finalizer is left.
+    fn store(&mut self, kind: &KindRef, key: &ObjectKey, mut obj: Value) -> Value {
+        let rv = self.next_revision();
+        set_meta(&mut obj, "resourceVersion", Value::String(rv));
+        let finalizers_left = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        let objects = self.api.entry(group_kind(kind)).or_default();
+        if meta_str(&obj, "deletionTimestamp").is_some() && !finalizers_left {
+            objects.remove(key);
+        } else {
+            objects.insert(key.clone(), obj.clone());
+        }
+        obj
+    }
+
+    fn stored(&self, kind: &KindRef, key: &ObjectKey) -> Option<&Value> {
+        self.api
+            .get(&group_kind(kind))
+            .and_then(|objs| objs.get(key))
+    }
+
+    fn get(&self, kind: &KindRef, key: &ObjectKey) -> Result<String, ApiError> {
+        self.stored(kind, key)
+            .map(Value::to_string)
+            .ok_or_else(|| self.not_found(kind, key))
+    }
+
+    fn list(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<String, ApiError> {
+        let selector = Selector::parse(label_selector.unwrap_or("")).map_err(bad_request)?;
+        let items: Vec<Value> = self
+            .api
+            .get(&group_kind(kind))
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| namespace.is_none() || key.namespace.as_deref() == namespace)
+            .filter(|(_, obj)| selector.matches(obj.get("metadata").unwrap_or(&Value::Null)))
+            .map(|(_, obj)| obj.clone())
+            .collect();
+        let list = json!({
+            "apiVersion": kind.api_version(),
+            "kind": format!("{}List", kind.kind),
+            "metadata": {"resourceVersion": (1000 + self.revision).to_string()},
+            "items": items,
+        });
+        Ok(list.to_string())
+    }
+
+    fn create(
+        &mut self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        body: &str,
+    ) -> Result<String, ApiError> {
+        let mut obj: Value = serde_json::from_str(body)
+            .map_err(|e| bad_request(format!("the body is not JSON: {e}")))?;
+        if !obj.is_object() {
+            return Err(bad_request("the body is not a JSON object"));
+        }
+        let namespace = match (namespace, meta_str(&obj, "namespace")) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(bad_request(
+                    "the namespace of the object does not match the namespace of the request",
+                ));
+            }
+            (Some(ns), _) | (None, Some(ns)) => Some(ns.to_string()),
+            (None, None) => None,
+        };
+        let name = match (meta_str(&obj, "name"), meta_str(&obj, "generateName")) {
+            (Some(name), _) if !name.is_empty() => name.to_string(),
+            (_, Some(prefix)) => format!("{prefix}{:05}", self.revision + 1),
+            _ => {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "metadata.name or metadata.generateName is required",
+                ));
+            }
+        };
+        let key = ObjectKey {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        if self.stored(kind, &key).is_some() {
+            return Err(ApiError {
+                code: 409,
+                reason: "AlreadyExists".into(),
+                message: format!("{} {name:?} already exists", self.plural(kind)),
+            });
+        }
+        self.uids += 1;
+        obj["apiVersion"] = Value::String(kind.api_version());
+        obj["kind"] = Value::String(kind.kind.clone());
+        set_meta(&mut obj, "name", Value::String(name));
+        if let Some(ns) = namespace {
+            set_meta(&mut obj, "namespace", Value::String(ns));
+        }
+        set_meta(
+            &mut obj,
+            "uid",
+            Value::String(format!("mock-uid-{}", self.uids)),
+        );
+        set_meta(
+            &mut obj,
+            "creationTimestamp",
+            Value::String(MOCK_TIME.into()),
+        );
+        Ok(self.store(kind, &key, obj).to_string())
+    }
+
+    /// Carries identity fields over from the stored object and checks a stale resourceVersion.
+    fn keep_identity(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        stored: &Value,
+        updated: &mut Value,
+    ) -> Result<(), ApiError> {
+        if let (Some(sent), Some(current)) = (
+            meta_str(updated, "resourceVersion"),
+            meta_str(stored, "resourceVersion"),
+        ) && sent != current
+        {
+            return Err(self.conflict(kind, key));
+        }
+        for field in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+        ] {
+            match stored.get("metadata").and_then(|m| m.get(field)) {
+                Some(v) => set_meta(updated, field, v.clone()),
+                None => {
+                    if let Some(Value::Object(m)) = updated.get_mut("metadata") {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn replace(&mut self, kind: &KindRef, key: &ObjectKey, body: &str) -> Result<String, ApiError> {
+        let stored = self
+            .stored(kind, key)
+            .cloned()
+            .ok_or_else(|| self.not_found(kind, key))?;
+        let mut obj: Value = serde_json::from_str(body)
+            .map_err(|e| bad_request(format!("the body is not JSON: {e}")))?;
+        if meta_str(&obj, "name").is_some_and(|n| n != key.name) {
+            return Err(bad_request(
+                "the name of the object does not match the name of the request",
+            ));
+        }
+        self.keep_identity(kind, key, &stored, &mut obj)?;
+        Ok(self.store(kind, key, obj).to_string())
+    }
+
+    fn patch(
+        &mut self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        patch_type: PatchType,
+        body: &str,
+        status: bool,
+    ) -> Result<String, ApiError> {
+        let patch: Value = serde_json::from_str(body)
+            .map_err(|e| bad_request(format!("the patch is not JSON: {e}")))?;
+        let stored = match self.stored(kind, key) {
+            Some(obj) => obj.clone(),
+            // Server-side apply creates what is absent.
+            None if patch_type == PatchType::Apply && !status => {
+                let mut obj = patch.clone();
+                if !obj.is_object() {
+                    return Err(bad_request("an apply patch must be a JSON object"));
+                }
+                set_meta(&mut obj, "name", Value::String(key.name.clone()));
+                if let Some(ns) = &key.namespace {
+                    set_meta(&mut obj, "namespace", Value::String(ns.clone()));
+                }
+                return self.create(kind, key.namespace.as_deref(), &obj.to_string());
+            }
+            None => return Err(self.not_found(kind, key)),
+        };
+        let mut patched = stored.clone();
+        match patch_type {
+            PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
+                patch::merge(&mut patched, &patch)
+            }
+            PatchType::Json => patch::json(&mut patched, &patch).map_err(|e| {
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    &format!("the JSON patch does not apply: {e}"),
+                )
+            })?,
+        }
+        self.keep_identity(kind, key, &stored, &mut patched)?;
+        if status {
+            let mut only_status = stored;
+            match patched.get("status") {
+                Some(s) => only_status["status"] = s.clone(),
+                None => {
+                    if let Value::Object(m) = &mut only_status {
+                        m.remove("status");
+                    }
+                }
+            }
+            patched = only_status;
+        }
+        Ok(self.store(kind, key, patched).to_string())
+    }
+
+    fn delete(&mut self, kind: &KindRef, key: &ObjectKey) -> Result<(), ApiError> {
+        let mut obj = self
+            .stored(kind, key)
+            .cloned()
+            .ok_or_else(|| self.not_found(kind, key))?;
+        if meta_str(&obj, "deletionTimestamp").is_none() {
+            set_meta(
+                &mut obj,
+                "deletionTimestamp",
+                Value::String(MOCK_TIME.into()),
+            );
+        }
+        self.store(kind, key, obj);
+        Ok(())
+    }
+}
+
+impl MockHost {
+    /// Records the call, then answers it: an injected failure, the permission check, `op`.
+    fn call<T>(
+        &self,
+        mut record: ApiCall,
+        op: impl FnOnce(&mut State) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let mut st = self.state.borrow_mut();
+        let injected = st
+            .failures
+            .iter()
+            .position(|(v, _)| *v == record.verb)
+            .map(|i| st.failures.remove(i).1);
+        let result = match injected {
+            Some(e) => Err(e),
+            None => st
+                .check_permission(record.verb, &record.kind)
+                .and_then(|()| op(&mut st)),
+        };
+        record.error = result.as_ref().err().cloned();
+        st.calls.push(record);
+        result
+    }
+
+    fn record(verb: Verb, kind: &KindRef, namespace: Option<&str>, name: Option<&str>) -> ApiCall {
+        ApiCall {
+            verb,
+            kind: kind.clone(),
+            namespace: namespace.map(str::to_string),
+            name: name.map(str::to_string),
+            label_selector: None,
+            patch_type: None,
+            body: None,
+            error: None,
+        }
+    }
+}
+
+impl Host for MockHost {
+    fn get(&self, kind: &KindRef, key: &ObjectKey) -> Result<String, ApiError> {
+        let record = Self::record(Verb::Get, kind, key.namespace.as_deref(), Some(&key.name));
+        self.call(record, |st| st.get(kind, key))
+    }
+
+    fn list(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<String, ApiError> {
+        let record = ApiCall {
+            label_selector: label_selector.map(str::to_string),
+            ..Self::record(Verb::List, kind, namespace, None)
+        };
+        self.call(record, |st| st.list(kind, namespace, label_selector))
+    }
+
+    fn create(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        body: &str,
+    ) -> Result<String, ApiError> {
+        let record = ApiCall {
+            body: Some(parse_body(body)),
+            ..Self::record(Verb::Create, kind, namespace, None)
+        };
+        self.call(record, |st| st.create(kind, namespace, body))
+    }
+
+    fn replace(&self, kind: &KindRef, key: &ObjectKey, body: &str) -> Result<String, ApiError> {
+        let record = ApiCall {
+            body: Some(parse_body(body)),
+            ..Self::record(
+                Verb::Replace,
+                kind,
+                key.namespace.as_deref(),
+                Some(&key.name),
+            )
+        };
+        self.call(record, |st| st.replace(kind, key, body))
+    }
+
+    fn patch(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        patch_type: PatchType,
+        body: &str,
+    ) -> Result<String, ApiError> {
+        let record = ApiCall {
+            body: Some(parse_body(body)),
+            patch_type: Some(patch_type),
+            ..Self::record(Verb::Patch, kind, key.namespace.as_deref(), Some(&key.name))
+        };
+        self.call(record, |st| st.patch(kind, key, patch_type, body, false))
+    }
+
+    fn patch_status(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        patch_type: PatchType,
+        body: &str,
+    ) -> Result<String, ApiError> {
+        let record = ApiCall {
+            body: Some(parse_body(body)),
+            patch_type: Some(patch_type),
+            ..Self::record(
+                Verb::PatchStatus,
+                kind,
+                key.namespace.as_deref(),
+                Some(&key.name),
+            )
+        };
+        self.call(record, |st| st.patch(kind, key, patch_type, body, true))
+    }
+
+    fn delete(&self, kind: &KindRef, key: &ObjectKey) -> Result<(), ApiError> {
+        let record = Self::record(
+            Verb::Delete,
+            kind,
+            key.namespace.as_deref(),
+            Some(&key.name),
+        );
+        self.call(record, |st| st.delete(kind, key))
+    }
+
+    fn cache_get(&self, kind: &KindRef, key: &ObjectKey) -> Option<String> {
+        let st = self.state.borrow();
+        let obj = st.cache.get(&group_kind(kind))?.get(key)?;
+        st.cached_view(kind, obj).map(|v| v.to_string())
+    }
+
+    fn cache_keys(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<ObjectKey>, String> {
+        let st = self.state.borrow();
+        Ok(st
+            .cache_select(kind, namespace, label_selector)?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect())
+    }
+
+    fn cache_list(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        let st = self.state.borrow();
+        Ok(st
+            .cache_select(kind, namespace, label_selector)?
+            .into_iter()
+            .map(|(_, obj)| obj.to_string())
+            .collect())
+    }
+
+    fn record_event(
+        &self,
+        regarding: &ObjectRef,
+        event_type: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        self.state.borrow_mut().events.push(RecordedEvent {
+            regarding: regarding.clone(),
+            event_type,
+            reason: reason.to_string(),
+            action: action.to_string(),
+            note: note.to_string(),
+        });
+    }
+
+    fn log(&self, level: Level, message: &str, fields: &[(&str, &str)]) {
+        // Printed too: the test harness shows it when a test fails.
+        let rendered: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        eprintln!("[plugin {level:?}] {message} {}", rendered.join(" "));
+        self.state.borrow_mut().logs.push(LogLine {
+            level,
+            message: message.to_string(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
+    }
+
+    fn config(&self, key: &str) -> Option<String> {
+        self.state.borrow().config.get(key).cloned()
+    }
+
+    fn secret(&self, key: &str) -> Option<String> {
+        self.state.borrow().secrets.get(key).cloned()
+    }
+}

@@ -1,0 +1,247 @@
+//! The wasm side: the real host behind the component imports, and the export glue that
+//! [`export_plugin!`](crate::export_plugin) instantiates for a [`Reconciler`].
+
+use crate::bindings::exports::wcm::reconciler::reconciler as export;
+use crate::bindings::wcm::reconciler::{cache, client, config, events, log, types as wit};
+use crate::describe::{Description, Mapping, Watch};
+use crate::host::Host;
+use crate::reconcile::{Action, Error, Reconciler, Request};
+use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
+use crate::{__private::Component, Context};
+
+/// The host behind the component's imports.
+pub(crate) struct WasmHost;
+
+fn kind(k: &KindRef) -> wit::KindRef {
+    wit::KindRef {
+        group: k.group.clone(),
+        version: k.version.clone(),
+        kind: k.kind.clone(),
+    }
+}
+
+fn key(k: &ObjectKey) -> wit::ObjectKey {
+    wit::ObjectKey {
+        namespace: k.namespace.clone(),
+        name: k.name.clone(),
+    }
+}
+
+fn api_error(e: wit::ApiError) -> ApiError {
+    ApiError {
+        code: e.code,
+        reason: e.reason,
+        message: e.message,
+    }
+}
+
+fn patch_type(p: PatchType) -> client::PatchType {
+    match p {
+        PatchType::Merge => client::PatchType::Merge,
+        PatchType::Json => client::PatchType::Json,
+        PatchType::Strategic => client::PatchType::Strategic,
+        PatchType::Apply => client::PatchType::Apply,
+    }
+}
+
+impl Host for WasmHost {
+    fn get(&self, k: &KindRef, o: &ObjectKey) -> Result<String, ApiError> {
+        client::get(&kind(k), &key(o)).map_err(api_error)
+    }
+
+    fn list(
+        &self,
+        k: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<String, ApiError> {
+        client::list(&kind(k), namespace, label_selector).map_err(api_error)
+    }
+
+    fn create(&self, k: &KindRef, namespace: Option<&str>, body: &str) -> Result<String, ApiError> {
+        client::create(&kind(k), namespace, body).map_err(api_error)
+    }
+
+    fn replace(&self, k: &KindRef, o: &ObjectKey, body: &str) -> Result<String, ApiError> {
+        client::replace(&kind(k), &key(o), body).map_err(api_error)
+    }
+
+    fn patch(
+        &self,
+        k: &KindRef,
+        o: &ObjectKey,
+        p: PatchType,
+        body: &str,
+    ) -> Result<String, ApiError> {
+        client::patch(&kind(k), &key(o), patch_type(p), body).map_err(api_error)
+    }
+
+    fn patch_status(
+        &self,
+        k: &KindRef,
+        o: &ObjectKey,
+        p: PatchType,
+        body: &str,
+    ) -> Result<String, ApiError> {
+        client::patch_status(&kind(k), &key(o), patch_type(p), body).map_err(api_error)
+    }
+
+    fn delete(&self, k: &KindRef, o: &ObjectKey) -> Result<(), ApiError> {
+        client::delete(&kind(k), &key(o)).map_err(api_error)
+    }
+
+    fn cache_get(&self, k: &KindRef, o: &ObjectKey) -> Option<String> {
+        cache::get(&kind(k), &key(o))
+    }
+
+    fn cache_keys(
+        &self,
+        k: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<ObjectKey>, String> {
+        let keys = cache::keys(&kind(k), namespace, label_selector)?;
+        Ok(keys
+            .into_iter()
+            .map(|k| ObjectKey {
+                namespace: k.namespace,
+                name: k.name,
+            })
+            .collect())
+    }
+
+    fn cache_list(
+        &self,
+        k: &KindRef,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        cache::list(&kind(k), namespace, label_selector)
+    }
+
+    fn record_event(
+        &self,
+        regarding: &ObjectRef,
+        event_type: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        let regarding = events::ObjectRef {
+            kind: kind(&regarding.kind),
+            key: key(&regarding.key),
+            uid: regarding.uid.clone(),
+        };
+        let event_type = match event_type {
+            EventType::Normal => events::EventType::Normal,
+            EventType::Warning => events::EventType::Warning,
+        };
+        events::record(&regarding, event_type, reason, action, note);
+    }
+
+    fn log(&self, level: Level, message: &str, fields: &[(&str, &str)]) {
+        let level = match level {
+            Level::Trace => log::Level::Trace,
+            Level::Debug => log::Level::Debug,
+            Level::Info => log::Level::Info,
+            Level::Warn => log::Level::Warn,
+            Level::Error => log::Level::Error,
+        };
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        log::log(level, message, &fields);
+    }
+
+    fn config(&self, k: &str) -> Option<String> {
+        config::get(k)
+    }
+
+    fn secret(&self, k: &str) -> Option<String> {
+        config::secret(k)
+    }
+}
+
+fn watch(w: Watch) -> wit::Watch {
+    wit::Watch {
+        kind: kind(&w.kind),
+        namespace: w.namespace,
+        label_selector: w.label_selector,
+        metadata_only: w.metadata_only,
+    }
+}
+
+fn description(d: Description) -> wit::Description {
+    wit::Description {
+        name: d.name,
+        version: d.version,
+        // A missing primary watch goes out as an empty kind, which the host refuses at load time
+        // with a message naming the plugin (describe itself has no way to fail).
+        primary: watch(
+            d.primary
+                .unwrap_or_else(|| Watch::kind(KindRef::new("", "", ""))),
+        ),
+        secondaries: d
+            .secondaries
+            .into_iter()
+            .map(|s| wit::Secondary {
+                watch: watch(s.watch),
+                mapping: match s.mapping {
+                    Mapping::ControllerOwner => wit::Mapping::ControllerOwner,
+                    Mapping::FixedKey(k) => wit::Mapping::FixedKey(key(&k)),
+                    Mapping::SameKey => wit::Mapping::SameKey,
+                },
+            })
+            .collect(),
+        resync_seconds: d.resync_seconds,
+        workers: d.workers,
+        permissions: d
+            .permissions
+            .into_iter()
+            .map(|p| wit::Permission {
+                group: p.group,
+                resource: p.resource,
+                verbs: p.verbs,
+            })
+            .collect(),
+        outbound_hosts: d.outbound_hosts,
+        config_keys: d.config_keys,
+        extensions: d.extensions,
+    }
+}
+
+fn action(a: Action) -> wit::Action {
+    match a.requeue_after() {
+        None => wit::Action::Done,
+        Some(after) => {
+            wit::Action::RequeueAfter(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
+        }
+    }
+}
+
+fn reconcile_error(e: Error) -> wit::ReconcileError {
+    wit::ReconcileError {
+        terminal: e.is_terminal(),
+        message: e.message().to_string(),
+    }
+}
+
+impl<R: Reconciler> export::Guest for Component<R> {
+    fn describe() -> wit::Description {
+        description(R::describe())
+    }
+
+    fn reconcile(req: wit::Request) -> Result<wit::Action, wit::ReconcileError> {
+        let ctx = Context::new(WasmHost);
+        let req = Request {
+            key: ObjectKey {
+                namespace: req.key.namespace,
+                name: req.key.name,
+            },
+            object: req.object,
+            attempt: req.attempt,
+        };
+        R::reconcile(&ctx, req).map(action).map_err(reconcile_error)
+    }
+}

@@ -1,0 +1,370 @@
+//! The SDK's typed layer against MockHost: what a plugin author relies on in unit tests.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::json;
+use wcm_sdk::testing::{MockHost, Verb};
+use wcm_sdk::{
+    Action, ApiError, ApiResource, Context, Description, DynamicObject, Error, EventType,
+    FinalizerEvent, Level, Mapping, ObjectKey, ObjectRef, PartialObjectMeta, Patch, PatchType,
+    Permission, Reconciler, Request, Watch, finalizer,
+};
+
+fn cm(ns: &str, name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+/// Reconciles ConfigMaps; may read Pods from the cache (metadata only) and patch ConfigMaps.
+struct Plugin;
+
+impl Reconciler for Plugin {
+    fn describe() -> Description {
+        Description::new("plugin", "1.0.0")
+            .primary(Watch::of::<ConfigMap>().namespace("watched"))
+            .secondary(
+                Watch::of::<Pod>().metadata_only().label_selector("app=web"),
+                Mapping::ControllerOwner,
+            )
+            .permission(Permission::of::<ConfigMap>(&[
+                "get", "list", "create", "update", "patch", "delete",
+            ]))
+            .permission(Permission::of::<ConfigMap>(&["patch"]).status())
+    }
+
+    fn reconcile(_ctx: &Context, _req: Request) -> Result<Action, Error> {
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn undeclared_calls_are_forbidden() {
+    let host = MockHost::for_reconciler::<Plugin>();
+    host.seed(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let ctx = host.context();
+    let err = ctx.api::<Node>().get("n1").expect_err("not declared");
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert!(err.message.contains("nodes"), "{err}");
+    assert!(Error::from(err.clone()).is_terminal());
+    // Declared: reaches the store (and is 404 there).
+    let err = ctx
+        .api_namespaced::<ConfigMap>("watched")
+        .get("nope")
+        .expect_err("absent");
+    assert!(err.is_not_found());
+    assert!(!Error::from(err).is_terminal());
+    assert_eq!(host.calls().len(), 2);
+    assert_eq!(host.calls()[0].verb, Verb::Get);
+    assert!(
+        host.calls()[0]
+            .error
+            .as_ref()
+            .is_some_and(ApiError::is_forbidden)
+    );
+}
+
+#[test]
+fn create_replace_conflicts_and_status() {
+    let host = MockHost::for_reconciler::<Plugin>();
+    let ctx = host.context();
+    let api = ctx.api_namespaced::<ConfigMap>("watched");
+    let created = api.create(&cm("watched", "a")).expect("created");
+    let rv = created
+        .metadata
+        .resource_version
+        .clone()
+        .expect("resourceVersion");
+    assert!(created.metadata.uid.is_some());
+    assert!(
+        api.create(&cm("watched", "a"))
+            .expect_err("exists")
+            .is_already_exists()
+    );
+
+    let mut stale = created.clone();
+    stale.data = Some([("k".to_string(), "v".to_string())].into());
+    let replaced = api.replace("a", &stale).expect("replaced");
+    assert_ne!(replaced.metadata.resource_version, Some(rv));
+    // `stale` still carries the old resourceVersion.
+    let err = api.replace("a", &stale).expect_err("conflict");
+    assert!(err.is_conflict() && !Error::from(err).is_terminal());
+
+    // A merge patch with a stale resourceVersion conflicts too (optimistic locking).
+    let patch = Patch::Merge(json!({"metadata": {"resourceVersion": "1"}, "data": {"x": "y"}}));
+    assert!(api.patch("a", &patch).expect_err("conflict").is_conflict());
+
+    // Status patches keep only status.
+    api.patch_status(
+        "a",
+        &Patch::Merge(json!({"status": {"ok": true}, "data": {"ignored": "1"}})),
+    )
+    .expect("status");
+    let stored = host
+        .object_value(
+            &ApiResource::of::<ConfigMap>().kind_ref(),
+            &ObjectKey::namespaced("watched", "a"),
+        )
+        .expect("stored");
+    assert_eq!(stored["status"]["ok"], true);
+    assert!(stored["data"].get("ignored").is_none());
+
+    let listed = api.list(None).expect("list");
+    assert_eq!(listed.len(), 1);
+    api.delete("a").expect("deleted");
+    assert!(api.get_opt("a").expect("get").is_none());
+}
+
+#[test]
+fn json_patch_and_apply() {
+    let host = MockHost::new();
+    host.seed(&cm("ns", "a"));
+    let ctx = host.context();
+    let api = ctx.api_namespaced::<ConfigMap>("ns");
+    api.patch(
+        "a",
+        &Patch::Json(json!([{"op": "add", "path": "/data", "value": {"k": "v"}}])),
+    )
+    .expect("json patch");
+    let err = api
+        .patch(
+            "a",
+            &Patch::Json(json!([{"op": "test", "path": "/data/k", "value": "other"}])),
+        )
+        .expect_err("test fails");
+    assert_eq!(err.code, 422);
+    // Apply creates what is absent.
+    let applied = api
+        .patch(
+            "b",
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"a": "1"}})),
+        )
+        .expect("applied");
+    assert_eq!(applied.metadata.namespace.as_deref(), Some("ns"));
+    assert_eq!(
+        host.patches()
+            .iter()
+            .map(|p| p.patch_type)
+            .collect::<Vec<_>>(),
+        [PatchType::Json, PatchType::Json, PatchType::Apply]
+    );
+}
+
+#[test]
+fn cache_follows_the_declared_watches() {
+    let host = MockHost::for_reconciler::<Plugin>();
+    host.seed(&cm("watched", "in"));
+    host.seed(&cm("other", "out"));
+    host.seed(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "x", "labels": {"app": "web"}}, "spec": {"containers": []}}));
+    host.seed(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db", "namespace": "x", "labels": {"app": "db"}}}));
+    host.seed(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let ctx = host.context();
+
+    assert_eq!(
+        ctx.cache::<ConfigMap>().keys(None, None).expect("keys"),
+        [ObjectKey::namespaced("watched", "in")]
+    );
+    let pods = ctx.cache::<Pod>().list(None, None).expect("pods");
+    assert_eq!(pods.len(), 1, "the label selector of the watch applies");
+    assert!(pods[0].spec.is_none(), "metadata-only watch: no spec");
+    let raw = ctx
+        .host()
+        .cache_get(
+            &ApiResource::of::<Pod>().kind_ref(),
+            &ObjectKey::namespaced("x", "web"),
+        )
+        .expect("cached");
+    assert!(raw.contains("PartialObjectMetadata"), "{raw}");
+    let metas = ctx
+        .cache::<PartialObjectMeta<Pod>>()
+        .list(Some("x"), Some("app in (web,db)"))
+        .expect("metas");
+    assert_eq!(metas[0].metadata.name.as_deref(), Some("web"));
+    assert_eq!(ctx.cache::<Pod>().count(Some("elsewhere"), None), Ok(0));
+
+    let err = ctx
+        .cache::<Node>()
+        .keys(None, None)
+        .expect_err("not watched");
+    assert!(
+        !err.is_terminal() && err.message().contains("not watched"),
+        "{err}"
+    );
+    assert!(
+        ctx.cache::<Node>()
+            .get(&ObjectKey::cluster("n1"))
+            .expect("no error")
+            .is_none()
+    );
+    assert!(
+        ctx.cache::<ConfigMap>().keys(None, Some("a in b")).is_err(),
+        "bad selector"
+    );
+}
+
+#[test]
+fn run_hands_over_the_cached_primary_object() {
+    struct Echo;
+    impl Reconciler for Echo {
+        fn describe() -> Description {
+            Description::new("echo", "1").primary(Watch::of::<ConfigMap>())
+        }
+        fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
+            match req.object::<ConfigMap>()? {
+                Some(cm) => {
+                    wcm_sdk::info!(ctx, "got {}", req.key; "uid" => cm.metadata.uid.unwrap_or_default(), "attempt" => req.attempt);
+                    Ok(Action::requeue(Duration::from_millis(1500)))
+                }
+                None => {
+                    wcm_sdk::warn!(ctx, "gone");
+                    Ok(Action::done())
+                }
+            }
+        }
+    }
+    let host = MockHost::for_reconciler::<Echo>();
+    host.seed_cache(&json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n", "uid": "u"}}));
+    assert_eq!(
+        host.run::<Echo>(ObjectKey::namespaced("n", "c")),
+        Ok(Action::requeue(Duration::from_millis(1500)))
+    );
+    assert_eq!(
+        host.run::<Echo>(ObjectKey::namespaced("n", "gone")),
+        Ok(Action::done())
+    );
+    let logs = host.logs();
+    assert_eq!(
+        (
+            logs[0].level,
+            logs[0].message.as_str(),
+            logs[0].field("uid")
+        ),
+        (Level::Info, "got n/c", Some("u"))
+    );
+    assert_eq!(logs[0].field("attempt"), Some("0"));
+    assert_eq!(
+        (logs[1].level, logs[1].message.as_str()),
+        (Level::Warn, "gone")
+    );
+}
+
+#[test]
+fn config_secrets_and_events() {
+    let host = MockHost::new();
+    host.set_config("interval", "30")
+        .set_config("bad", "x")
+        .set_secret("token", "s3cr3t");
+    let ctx = host.context();
+    assert_eq!(ctx.config_parse::<u64>("interval"), Ok(Some(30)));
+    assert_eq!(ctx.config_parse::<u64>("unset"), Ok(None));
+    assert!(
+        ctx.config_parse::<u64>("bad")
+            .expect_err("not a number")
+            .is_terminal()
+    );
+    assert_eq!(ctx.secret("token").as_deref(), Some("s3cr3t"));
+
+    let mut obj = cm("ns", "c");
+    obj.metadata.uid = Some("u1".into());
+    ctx.recorder().publish(
+        &ObjectRef::from_obj(&obj),
+        EventType::Warning,
+        "Broken",
+        "Check",
+        "it broke",
+    );
+    let e = &host.events()[0];
+    assert_eq!(e.regarding.kind, ApiResource::of::<ConfigMap>().kind_ref());
+    assert_eq!(
+        (e.regarding.key.clone(), e.regarding.uid.as_deref()),
+        (ObjectKey::namespaced("ns", "c"), Some("u1"))
+    );
+    assert_eq!(
+        (
+            e.event_type,
+            e.reason.as_str(),
+            e.action.as_str(),
+            e.note.as_str()
+        ),
+        (EventType::Warning, "Broken", "Check", "it broke")
+    );
+}
+
+#[test]
+fn dynamic_objects_through_the_api() {
+    let net = ApiResource::new("samplecrd.k8s.io", "v1", "Network");
+    let host = MockHost::new();
+    let ctx = host.context();
+    let api = ctx.api_namespaced_with::<DynamicObject>("default", &net);
+    let created = api
+        .create(&DynamicObject::new("office", &net).data(json!({"spec": {"cidr": "10.0.0.0/24"}})))
+        .expect("created");
+    assert_eq!(created.kind_ref(), Some(net.kind_ref()));
+    assert_eq!(created.data["spec"]["cidr"], "10.0.0.0/24");
+    let got = api.get("office").expect("get");
+    assert_eq!(got.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(
+        host.calls()[0].body.as_ref().map(|b| b["kind"].clone()),
+        Some(json!("Network"))
+    );
+}
+
+#[test]
+fn injected_failures_are_structured() {
+    let host = MockHost::new();
+    host.seed(&cm("ns", "c"));
+    host.fail_next(Verb::Get, ApiError::new(0, "Timeout", "no answer"));
+    let api = host.context().api_namespaced::<ConfigMap>("ns");
+    let err = api.get("c").expect_err("injected");
+    assert_eq!(err.reason, "Timeout");
+    assert!(!Error::from(err).is_terminal());
+    assert!(api.get("c").is_ok(), "only once");
+}
+
+#[test]
+fn finalizer_lifecycle() {
+    const NAME: &str = "example.com/cleanup";
+    let host = MockHost::new();
+    host.seed(&cm("ns", "c"));
+    let ctx = host.context();
+    let api = ctx.api::<ConfigMap>();
+    let key = ObjectKey::namespaced("ns", "c");
+    let mut seen = Vec::new();
+    let mut step = |host: &MockHost| {
+        let obj: ConfigMap = host.object(Some("ns"), "c").expect("exists");
+        finalizer(&api, NAME, obj, |event| {
+            seen.push(match event {
+                FinalizerEvent::Apply(_) => "apply",
+                FinalizerEvent::Cleanup(_) => "cleanup",
+            });
+            Ok(Action::done())
+        })
+    };
+
+    // First reconcile: the finalizer is added (JSON patch), then Apply runs.
+    assert_eq!(step(&host), Ok(Action::done()));
+    let stored: ConfigMap = host.object(Some("ns"), "c").expect("exists");
+    assert_eq!(stored.metadata.finalizers, Some(vec![NAME.to_string()]));
+    assert_eq!(host.patches()[0].patch_type, PatchType::Json);
+    assert_eq!(host.patches()[0].key, key);
+    // Second: nothing to add.
+    step(&host).expect("apply");
+    assert_eq!(host.patches().len(), 1);
+    // Deleted: cleanup runs, the finalizer goes, and with it the object.
+    ctx.api_namespaced::<ConfigMap>("ns")
+        .delete("c")
+        .expect("delete");
+    step(&host).expect("cleanup");
+    assert_eq!(seen, ["apply", "apply", "cleanup"]);
+    assert!(
+        host.object::<ConfigMap>(Some("ns"), "c").is_none(),
+        "gone after the last finalizer"
+    );
+}

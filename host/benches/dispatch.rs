@@ -1,0 +1,195 @@
+//! Sandbox costs, measured in one process so the ratios are fair:
+//! - per-reconcile dispatch of an 8.7 KB Pod to a typed guest (fresh instance per call, the default),
+//!   against native serde_json parsing of the same Pod into k8s-openapi's Pod;
+//! - instantiation from the InstancePre (no call);
+//! - marginal resident memory per loaded idle plugin;
+//! - start-up time with 10 precompiled plugins.
+//!
+//! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench dispatch`
+//! (prints a table; docs/benchmarks.md keeps the numbers).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use wasm_controller_manager::sandbox::{Limits, ObjectKey, Request, Runtime, RuntimeSettings};
+use wasm_controller_manager::services::Services;
+
+const POD: &str = include_str!("fixtures/pod.json");
+
+fn artifact(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = std::env::var_os("WCM_PLUGIN_ARTIFACTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target.join("wasm32-wasip2/plugin"));
+    for c in [
+        dir.join("examples").join(format!("{name}.wasm")),
+        dir.join(format!("{name}.wasm")),
+    ] {
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!(
+        "no {name}.wasm under {}: run scripts/build-plugins first",
+        dir.display()
+    );
+}
+
+fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], v[v.len() * 99 / 100])
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6)
+}
+
+fn main() {
+    let iterations: usize = std::env::var("BENCH_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cache = std::env::temp_dir().join(format!("wcm-bench-cache-{}", std::process::id()));
+    let runtime = Arc::new(
+        Runtime::new(RuntimeSettings {
+            compile_cache: Some(cache.clone()),
+            max_instances: 64,
+            max_memory: 64 << 20,
+        })
+        .expect("engine"),
+    );
+    let typed = std::fs::read(artifact("typed-pod-noop")).expect("read typed-pod-noop");
+    let compiled = runtime.compile(&typed).expect("compile");
+    let services = Arc::new(Services::for_describe("bench", BTreeMap::new()));
+    let limits = Limits::default();
+    let req = Request {
+        key: ObjectKey {
+            namespace: Some("production".into()),
+            name: "web".into(),
+        },
+        object: Some(POD.to_string()),
+        attempt: 0,
+    };
+
+    // Native baseline: what a Rust controller pays to turn the cached JSON into a typed Pod.
+    let mut native = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let pod: Pod = serde_json::from_str(std::hint::black_box(POD)).expect("pod");
+        std::hint::black_box(&pod);
+        native.push(t.elapsed());
+    }
+    // Wasm: the whole dispatch — fresh instance, the Pod JSON copied in, typed parse, result back.
+    let mut wasm = Vec::with_capacity(iterations);
+    rt.block_on(async {
+        for _ in 0..200 {
+            let _ = runtime
+                .reconcile(&compiled, services.clone(), &limits, &req)
+                .await;
+        }
+        for _ in 0..iterations {
+            let t = Instant::now();
+            let r = runtime
+                .reconcile(&compiled, services.clone(), &limits, &req)
+                .await;
+            wasm.push(t.elapsed());
+            assert!(matches!(r, Ok(Ok(_))), "reconcile failed: {r:?}");
+        }
+    });
+    // Instantiation alone.
+    let mut inst = Vec::with_capacity(iterations);
+    rt.block_on(async {
+        for _ in 0..iterations {
+            let t = Instant::now();
+            runtime
+                .instantiate_only(&compiled, services.clone(), &limits)
+                .await
+                .expect("instantiate");
+            inst.push(t.elapsed());
+        }
+    });
+    let (n50, n99) = percentiles(native);
+    let (w50, w99) = percentiles(wasm);
+    let (i50, i99) = percentiles(inst);
+
+    // Marginal memory of loaded, idle plugins (compiled + linked, from the precompiled cache).
+    let pod_counter = std::fs::read(artifact("pod_counter")).unwrap_or_else(|_| typed.clone());
+    let variants: Vec<Vec<u8>> = (0..10u8)
+        .map(|i| with_custom_section(&pod_counter, i))
+        .collect();
+    for v in &variants {
+        runtime.compile(v).expect("warm the cache");
+    }
+    let before = rss_kib();
+    let start = Instant::now();
+    let loaded: Vec<_> = variants
+        .iter()
+        .map(|v| runtime.compile(v).expect("load"))
+        .collect();
+    let startup = start.elapsed();
+    let after = rss_kib();
+    assert!(loaded.iter().all(|c| c.from_cache));
+    let per_plugin_kib = (after.saturating_sub(before)) as f64 / loaded.len() as f64;
+
+    println!("pod JSON: {} bytes; {iterations} iterations", POD.len());
+    println!("| measurement | p50 | p99 |");
+    println!("|---|---|---|");
+    println!(
+        "| native serde_json → k8s-openapi Pod | {} | {} |",
+        us(n50),
+        us(n99)
+    );
+    println!(
+        "| wasm dispatch, typed guest, fresh instance | {} | {} |",
+        us(w50),
+        us(w99)
+    );
+    println!(
+        "| ratio wasm / native (p50) | {:.2}× | |",
+        w50.as_secs_f64() / n50.as_secs_f64()
+    );
+    println!(
+        "| instantiate from InstancePre | {} | {} |",
+        us(i50),
+        us(i99)
+    );
+    println!(
+        "| 10 precompiled plugins loaded (start-up) | {:.1} ms | |",
+        startup.as_secs_f64() * 1000.0
+    );
+    println!("| marginal RSS per loaded idle plugin | {per_plugin_kib:.0} KiB | |");
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+/// The same component with a different custom section, so it hashes (and caches) as another file.
+fn with_custom_section(wasm: &[u8], tag: u8) -> Vec<u8> {
+    let name = b"wcm-bench";
+    let payload = [tag];
+    let mut out = wasm.to_vec();
+    out.push(0); // custom section id
+    out.push((1 + name.len() + payload.len()) as u8);
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.extend_from_slice(&payload);
+    out
+}

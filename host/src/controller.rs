@@ -1,0 +1,468 @@
+//! One controller per running plugin: informers → triggers → work queue → workers → the plugin.
+//!
+//! The plugin version in use can be swapped while the controller runs (hot reload): the swap waits
+//! for in-flight reconciles of the old version to finish, then the workers go on with the new one
+//! and the same queue.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::RwLock;
+use tokio::task::JoinHandle;
+
+use crate::cache::{CachedObject, Key, ObjectStore};
+use crate::events::PluginEvent;
+use crate::informer::{Change, Informer, InformerKey, Informers};
+use crate::kubeapi::ApiAccess;
+use crate::metrics::Metrics;
+use crate::queue::WorkQueue;
+use crate::rate_limit::{RateLimiter, RateLimits};
+use crate::sandbox::{
+    Action, CallError, Compiled, Description, KindRef, Limits, Mapping, ObjectKey, Request,
+    Runtime, Watch,
+};
+use crate::services::{KindKey, PluginCache, Services};
+
+/// A loaded version of a plugin: the compiled component, what it declared, its services and limits.
+pub struct Version {
+    pub compiled: Compiled,
+    pub description: Description,
+    pub services: Arc<Services>,
+    pub limits: Limits,
+}
+
+/// How a watch's events become primary keys.
+#[derive(Clone)]
+enum Trigger {
+    Own,
+    Owner {
+        primary: KindRef,
+        primary_namespaced: bool,
+    },
+    Fixed(Key),
+    Same,
+}
+
+/// What the controller needs to run, shared by its tasks.
+pub struct ControllerParts {
+    pub runtime: Arc<Runtime>,
+    pub informers: Arc<Informers>,
+    pub api: ApiAccess,
+    pub metrics: Arc<Metrics>,
+    pub rate_limits: RateLimits,
+}
+
+pub struct Controller {
+    pub name: String,
+    queue: WorkQueue<Key>,
+    version: Arc<RwLock<Arc<Version>>>,
+    tasks: Vec<JoinHandle<()>>,
+    /// Held so the informers keep running while the controller does.
+    informers: Vec<Arc<Informer>>,
+    workers: u32,
+    metrics: Arc<Metrics>,
+}
+
+/// The informers a description needs, in order: primary first.
+pub async fn resolve_watches(
+    api: &ApiAccess,
+    d: &Description,
+) -> anyhow::Result<Vec<(InformerKey, bool)>> {
+    let mut out = Vec::new();
+    for w in std::iter::once(&d.primary).chain(d.secondaries.iter().map(|s| &s.watch)) {
+        let r = api.resolve(&w.kind).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot watch {}/{} {}: {} ({})",
+                w.kind.group,
+                w.kind.version,
+                w.kind.kind,
+                e.message,
+                e.reason
+            )
+        })?;
+        out.push((informer_key(w, &r.plural, r.namespaced), r.namespaced));
+    }
+    Ok(out)
+}
+
+fn informer_key(w: &Watch, plural: &str, namespaced: bool) -> InformerKey {
+    InformerKey {
+        group: w.kind.group.clone(),
+        version: w.kind.version.clone(),
+        kind: w.kind.kind.clone(),
+        plural: plural.to_string(),
+        namespace: if namespaced {
+            w.namespace.clone().filter(|n| !n.is_empty())
+        } else {
+            None
+        },
+        label_selector: w.label_selector.clone().filter(|s| !s.trim().is_empty()),
+        metadata_only: w.metadata_only,
+    }
+}
+
+/// Builds the cache view of a plugin from its informers (primary first).
+pub fn plugin_cache(informers: &[Arc<Informer>]) -> PluginCache {
+    let mut cache = PluginCache::default();
+    for i in informers {
+        let k = &i.key;
+        cache.add(
+            KindKey {
+                group: k.group.clone(),
+                version: k.version.clone(),
+                kind: k.kind.clone(),
+            },
+            i.store().clone(),
+        );
+    }
+    cache
+}
+
+impl Controller {
+    /// Starts informers (shared), waits for their initial lists, then starts the workers.
+    pub async fn start(
+        parts: &ControllerParts,
+        informers: Vec<Arc<Informer>>,
+        namespaced: Vec<bool>,
+        version: Version,
+        workers: u32,
+        resync: Option<Duration>,
+    ) -> Controller {
+        let name = version.description.name.clone();
+        let queue = WorkQueue::with_observer(
+            RateLimiter::new(parts.rate_limits),
+            parts.metrics.queue_observer(&name),
+        );
+        let d = &version.description;
+        let primary_kind = d.primary.kind.clone();
+        let primary_namespaced = namespaced.first().copied().unwrap_or(true);
+        let mut triggers = vec![Trigger::Own];
+        for s in &d.secondaries {
+            triggers.push(match &s.mapping {
+                Mapping::ControllerOwner => Trigger::Owner {
+                    primary: primary_kind.clone(),
+                    primary_namespaced,
+                },
+                Mapping::FixedKey(k) => Trigger::Fixed(Key::new(k.namespace.as_deref(), &k.name)),
+                Mapping::SameKey => Trigger::Same,
+            });
+        }
+        let fixed_keys: Vec<Key> = triggers
+            .iter()
+            .filter_map(|t| {
+                if let Trigger::Fixed(k) = t {
+                    Some(k.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
+
+        let mut tasks = Vec::new();
+        for (informer, trigger) in informers.iter().zip(triggers) {
+            let mut rx = informer.subscribe();
+            let q = queue.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(change) = rx.recv().await {
+                    for key in keys_for(&trigger, &change) {
+                        q.add(key);
+                    }
+                }
+            }));
+        }
+        for i in &informers {
+            i.wait_synced().await;
+        }
+        let primary_store = informers
+            .first()
+            .map(|i| i.store().clone())
+            .unwrap_or_default();
+        if let Some(period) = resync.filter(|p| !p.is_zero()) {
+            let (q, store, fixed) = (queue.clone(), primary_store.clone(), fixed_keys.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                loop {
+                    tick.tick().await;
+                    for o in store.all() {
+                        q.add(o.key.clone());
+                    }
+                    for k in &fixed {
+                        q.add(k.clone());
+                    }
+                }
+            }));
+        }
+        let version = Arc::new(RwLock::new(Arc::new(version)));
+        parts.metrics.workers(&name, workers);
+        for _ in 0..workers.max(1) {
+            let w = Worker {
+                name: name.clone(),
+                queue: queue.clone(),
+                store: primary_store.clone(),
+                primary: primary_kind.clone(),
+                version: version.clone(),
+                runtime: parts.runtime.clone(),
+                metrics: parts.metrics.clone(),
+            };
+            tasks.push(tokio::spawn(w.run()));
+        }
+        tracing::info!(plugin = %name, workers, informers = informers.len(), "controller started");
+        Controller {
+            name,
+            queue,
+            version,
+            tasks,
+            informers,
+            workers,
+            metrics: parts.metrics.clone(),
+        }
+    }
+
+    /// Switches to a new version with the same watches, keeping the queue. Waits for in-flight
+    /// reconciles of the old version first.
+    pub async fn swap(&self, new: Version) {
+        let mut guard = self.version.write().await;
+        *guard = Arc::new(new);
+    }
+
+    pub async fn version(&self) -> Arc<Version> {
+        self.version.read().await.clone()
+    }
+
+    pub fn informer_keys(&self) -> Vec<InformerKey> {
+        self.informers.iter().map(|i| i.key.clone()).collect()
+    }
+
+    pub fn queue(&self) -> &WorkQueue<Key> {
+        &self.queue
+    }
+
+    /// Stops taking keys, waits for in-flight reconciles, and releases the informers.
+    pub async fn stop(self) {
+        self.queue.shut_down();
+        // Triggers and resync first, so nothing new arrives; workers end when the queue is empty.
+        let _write = self.version.write().await;
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.metrics.workers(&self.name, 0);
+        tracing::info!(plugin = %self.name, "controller stopped");
+        drop(self.informers);
+    }
+
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+}
+
+fn keys_for(trigger: &Trigger, change: &Change) -> Vec<Key> {
+    let (old, new) = match change {
+        Change::Applied { old, new } => (old.as_ref(), Some(new)),
+        Change::Deleted { old } => (Some(old), None),
+    };
+    let objs: Vec<&Arc<CachedObject>> = old.into_iter().chain(new).collect();
+    let mut keys: Vec<Key> = match trigger {
+        Trigger::Own | Trigger::Same => objs.iter().map(|o| o.key.clone()).collect(),
+        Trigger::Fixed(k) => vec![k.clone()],
+        Trigger::Owner {
+            primary,
+            primary_namespaced,
+        } => objs
+            .iter()
+            .filter_map(|o| {
+                let owner = o.controller()?;
+                let (group, _) = split_api_version(&owner.api_version);
+                if owner.kind != primary.kind || group != primary.group {
+                    return None;
+                }
+                let ns = if *primary_namespaced {
+                    o.key.namespace.as_deref()
+                } else {
+                    None
+                };
+                Some(Key::new(ns, &owner.name))
+            })
+            .collect(),
+    };
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn split_api_version(av: &str) -> (&str, &str) {
+    match av.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", av),
+    }
+}
+
+struct Worker {
+    name: String,
+    queue: WorkQueue<Key>,
+    store: Arc<ObjectStore>,
+    primary: KindRef,
+    version: Arc<RwLock<Arc<Version>>>,
+    runtime: Arc<Runtime>,
+    metrics: Arc<Metrics>,
+}
+
+impl Worker {
+    async fn run(self) {
+        while let Some(key) = self.queue.get().await {
+            self.metrics.active_workers(&self.name, 1);
+            self.process(&key).await;
+            self.metrics.active_workers(&self.name, -1);
+            self.queue.done(&key);
+        }
+    }
+
+    async fn process(&self, key: &Key) {
+        let object = self.store.get(key);
+        let req = Request {
+            key: ObjectKey {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            },
+            object: object.as_ref().map(|o| o.json.to_string()),
+            attempt: self.queue.num_requeues(key),
+        };
+        // Holding the read lock for the call lets a version swap wait for in-flight calls.
+        let guard = self.version.read().await;
+        let v = guard.clone();
+        let started = Instant::now();
+        let result = self
+            .runtime
+            .reconcile(&v.compiled, v.services.clone(), &v.limits, &req)
+            .await;
+        drop(guard);
+        let took = started.elapsed();
+        match result {
+            Ok(Ok(Action::Done)) => {
+                self.queue.forget(key);
+                self.metrics.reconciled(&self.name, "success", took);
+            }
+            Ok(Ok(Action::RequeueAfter(ms))) => {
+                self.queue.forget(key);
+                self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                self.metrics.reconciled(&self.name, "requeue_after", took);
+            }
+            Ok(Err(e)) if e.terminal => {
+                self.queue.forget(key);
+                self.metrics.reconciled(&self.name, "error", took);
+                self.metrics.terminal_error(&self.name);
+                tracing::error!(plugin = %self.name, %key, "terminal reconcile error (not retried): {}", e.message);
+                if let Some(o) = &object {
+                    v.services.record_event(self.failure_event(o, &e.message));
+                }
+            }
+            Ok(Err(e)) => {
+                self.metrics.reconciled(&self.name, "error", took);
+                tracing::warn!(plugin = %self.name, %key, attempt = req.attempt, "reconcile error, retrying with backoff: {}", e.message);
+                self.queue.add_rate_limited(key.clone());
+            }
+            Err(call_error) => {
+                self.metrics.reconciled(&self.name, "error", took);
+                self.metrics
+                    .plugin_failure(&self.name, failure_reason(&call_error));
+                tracing::error!(plugin = %self.name, %key, attempt = req.attempt, "plugin call failed, retrying with backoff: {call_error}");
+                self.queue.add_rate_limited(key.clone());
+            }
+        }
+    }
+
+    fn failure_event(&self, o: &CachedObject, message: &str) -> PluginEvent {
+        let api_version = if self.primary.group.is_empty() {
+            self.primary.version.clone()
+        } else {
+            format!("{}/{}", self.primary.group, self.primary.version)
+        };
+        PluginEvent {
+            api_version,
+            kind: self.primary.kind.clone(),
+            namespace: o.key.namespace.clone(),
+            name: o.key.name.clone(),
+            uid: Some(o.uid.clone()),
+            warning: true,
+            reason: "ReconcileFailed".into(),
+            action: "Reconcile".into(),
+            note: message.to_string(),
+        }
+    }
+}
+
+pub fn failure_reason(e: &CallError) -> &'static str {
+    match e {
+        CallError::Deadline(_) => "deadline",
+        CallError::Memory(_) => "memory",
+        CallError::Trap(_) => "trap",
+        CallError::Limit(_) => "limit",
+        CallError::Instantiate(_) => "instantiate",
+        CallError::WallTimeout(_) => "timeout",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(ns: &str, name: &str, owner: Option<(&str, &str, &str)>) -> Arc<CachedObject> {
+        let mut meta = json!({"name": name, "namespace": ns, "uid": "u", "resourceVersion": "1"});
+        if let Some((av, kind, oname)) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": av, "kind": kind, "name": oname, "uid": "o", "controller": true}]);
+        }
+        Arc::new(CachedObject::from_value(json!({"metadata": meta})).expect("object"))
+    }
+
+    #[test]
+    fn triggers_map_changes_to_primary_keys() {
+        let rs = KindRef {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "ReplicaSet".into(),
+        };
+        let owner = Trigger::Owner {
+            primary: rs,
+            primary_namespaced: true,
+        };
+        let owned = Change::Applied {
+            old: None,
+            new: pod("a", "p", Some(("apps/v1", "ReplicaSet", "rs1"))),
+        };
+        assert_eq!(keys_for(&owner, &owned), vec![Key::new(Some("a"), "rs1")]);
+        let other_owner = Change::Applied {
+            old: None,
+            new: pod("a", "p", Some(("batch/v1", "Job", "j"))),
+        };
+        assert!(keys_for(&owner, &other_owner).is_empty());
+        // An owner that changes wakes both the old and the new owner.
+        let moved = Change::Applied {
+            old: Some(pod("a", "p", Some(("apps/v1", "ReplicaSet", "rs1")))),
+            new: pod("a", "p", Some(("apps/v1", "ReplicaSet", "rs2"))),
+        };
+        assert_eq!(
+            keys_for(&owner, &moved),
+            vec![Key::new(Some("a"), "rs1"), Key::new(Some("a"), "rs2")]
+        );
+        let fixed = Trigger::Fixed(Key::new(None, "pod-count"));
+        assert_eq!(
+            keys_for(
+                &fixed,
+                &Change::Deleted {
+                    old: pod("b", "q", None)
+                }
+            ),
+            vec![Key::new(None, "pod-count")]
+        );
+        assert_eq!(
+            keys_for(
+                &Trigger::Own,
+                &Change::Deleted {
+                    old: pod("b", "q", None)
+                }
+            ),
+            vec![Key::new(Some("b"), "q")]
+        );
+    }
+}

@@ -1,0 +1,368 @@
+//! API calls made on behalf of plugins: kinds resolved through discovery, one shared client with a
+//! client-side QPS/burst limit, a timeout per request, and errors turned into the structured
+//! `api-error` of the WIT.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::discovery::{self, Scope};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::sandbox::{KindRef, PatchType};
+
+/// What an API call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    Create,
+    Update,
+    Patch(PatchKind),
+    Delete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    Merge,
+    Json,
+    Strategic,
+    Apply,
+}
+
+impl From<PatchType> for PatchKind {
+    fn from(p: PatchType) -> Self {
+        match p {
+            PatchType::Merge => PatchKind::Merge,
+            PatchType::Json => PatchKind::Json,
+            PatchType::Strategic => PatchKind::Strategic,
+            PatchType::Apply => PatchKind::Apply,
+        }
+    }
+}
+
+impl Verb {
+    /// The RBAC verb.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch(_) => "patch",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+/// One API call as a plugin asked for it.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiRequest<'a> {
+    pub verb: Verb,
+    pub kind: &'a KindRef,
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub subresource: Option<&'a str>,
+    /// The JSON body; for a list, the label selector.
+    pub body: Option<&'a str>,
+}
+
+/// An API error as the plugin sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiFailure {
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ApiFailure {
+    pub fn new(code: u16, reason: &str, message: impl Into<String>) -> Self {
+        ApiFailure {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn forbidden(plugin: &str, verb: &str, group: &str, resource: &str) -> Self {
+        let group = if group.is_empty() { "core" } else { group };
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "plugin {plugin} did not declare permission to {verb} {resource} (group {group}) in describe"
+            ),
+        )
+    }
+
+    pub fn unavailable(message: &str) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    fn from_kube(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => ApiFailure {
+                code: s.code,
+                reason: s.reason.clone(),
+                message: s.message.clone(),
+            },
+            other => ApiFailure::new(0, "ServiceUnavailable", format!("{other}")),
+        }
+    }
+}
+
+/// A kind resolved through discovery.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub resource: ApiResource,
+    pub plural: String,
+    pub namespaced: bool,
+}
+
+/// A token bucket shared by every API call of every plugin (client-go's QPS and burst).
+pub struct ApiRateLimit {
+    qps: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl ApiRateLimit {
+    pub fn new(qps: f64, burst: u32) -> Self {
+        ApiRateLimit {
+            qps,
+            burst: f64::from(burst.max(1)),
+            state: Mutex::new((f64::from(burst.max(1)), Instant::now())),
+        }
+    }
+
+    pub async fn acquire(&self) {
+        if self.qps <= 0.0 {
+            return;
+        }
+        let wait = {
+            let mut s = self.state.lock().await;
+            let now = Instant::now();
+            s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.qps).min(self.burst);
+            s.1 = now;
+            s.0 -= 1.0;
+            if s.0 >= 0.0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(-s.0 / self.qps)
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The shared API client of the host.
+#[derive(Clone)]
+pub struct ApiAccess {
+    client: kube::Client,
+    kinds: Arc<Mutex<HashMap<crate::services::KindKey, Resolved>>>,
+    limit: Arc<ApiRateLimit>,
+    timeout: Duration,
+}
+
+impl ApiAccess {
+    pub fn new(client: kube::Client, limit: Arc<ApiRateLimit>, timeout: Duration) -> Self {
+        ApiAccess {
+            client,
+            kinds: Arc::default(),
+            limit,
+            timeout,
+        }
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Finds the plural and scope of a kind (cached after the first discovery).
+    pub async fn resolve(&self, kind: &KindRef) -> Result<Resolved, ApiFailure> {
+        let key = crate::services::KindKey::from(kind);
+        if let Some(r) = self.kinds.lock().await.get(&key) {
+            return Ok(r.clone());
+        }
+        let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
+        let (resource, caps) =
+            tokio::time::timeout(self.timeout, discovery::pinned_kind(&self.client, &gvk))
+                .await
+                .map_err(|_| ApiFailure::new(0, "Timeout", "discovery timed out"))?
+                .map_err(|e| match e {
+                    kube::Error::Discovery(d) => ApiFailure::new(
+                        404,
+                        "NotFound",
+                        format!("the API server does not serve {gvk:?}: {d}"),
+                    ),
+                    other => ApiFailure::from_kube(other),
+                })?;
+        let resolved = Resolved {
+            plural: resource.plural.clone(),
+            resource,
+            namespaced: caps.scope == Scope::Namespaced,
+        };
+        self.kinds.lock().await.insert(key, resolved.clone());
+        Ok(resolved)
+    }
+
+    fn api(&self, r: &Resolved, namespace: Option<&str>) -> Result<Api<DynamicObject>, ApiFailure> {
+        match (r.namespaced, namespace) {
+            (true, Some(ns)) => Ok(Api::namespaced_with(self.client.clone(), ns, &r.resource)),
+            (true, None) => Ok(Api::all_with(self.client.clone(), &r.resource)),
+            (false, None) => Ok(Api::all_with(self.client.clone(), &r.resource)),
+            (false, Some(_)) => Err(ApiFailure::bad_request(format!(
+                "{} is cluster-scoped: give no namespace",
+                r.plural
+            ))),
+        }
+    }
+
+    /// Makes one API call; bodies are JSON text, answers are JSON text.
+    pub async fn call(
+        &self,
+        plugin: &str,
+        r: &Resolved,
+        req: &ApiRequest<'_>,
+    ) -> Result<String, ApiFailure> {
+        self.limit.acquire().await;
+        let fut = self.call_inner(plugin, r, req);
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(ApiFailure::new(
+                0,
+                "Timeout",
+                format!("no answer from the API server within {:?}", self.timeout),
+            )),
+        }
+    }
+
+    async fn call_inner(
+        &self,
+        plugin: &str,
+        r: &Resolved,
+        req: &ApiRequest<'_>,
+    ) -> Result<String, ApiFailure> {
+        let ApiRequest {
+            verb,
+            namespace,
+            name,
+            subresource,
+            body,
+            ..
+        } = *req;
+        let api = self.api(r, namespace)?;
+        let name = || name.ok_or_else(|| ApiFailure::bad_request("a name is required"));
+        let json = || -> Result<serde_json::Value, ApiFailure> {
+            serde_json::from_str(body.unwrap_or(""))
+                .map_err(|e| ApiFailure::bad_request(format!("the body is not valid JSON: {e}")))
+        };
+        let to_text = |v: &dyn erased::Ser| {
+            v.to_json()
+                .map_err(|e| ApiFailure::new(500, "InternalError", e.to_string()))
+        };
+        let k = ApiFailure::from_kube;
+        match verb {
+            Verb::Get => to_text(&api.get(name()?).await.map_err(k)?),
+            Verb::List => {
+                let mut lp = ListParams::default();
+                if let Some(sel) = body.filter(|s| !s.is_empty()) {
+                    lp = lp.labels(sel);
+                }
+                to_text(&api.list(&lp).await.map_err(k)?)
+            }
+            Verb::Create => {
+                let obj: DynamicObject = serde_json::from_value(json()?)
+                    .map_err(|e| ApiFailure::bad_request(format!("not an object: {e}")))?;
+                to_text(
+                    &api.create(
+                        &PostParams {
+                            field_manager: Some(plugin.into()),
+                            ..Default::default()
+                        },
+                        &obj,
+                    )
+                    .await
+                    .map_err(k)?,
+                )
+            }
+            Verb::Update => {
+                let obj: DynamicObject = serde_json::from_value(json()?)
+                    .map_err(|e| ApiFailure::bad_request(format!("not an object: {e}")))?;
+                let pp = PostParams {
+                    field_manager: Some(plugin.into()),
+                    ..Default::default()
+                };
+                let out = match subresource {
+                    Some("status") => api.replace_status(name()?, &pp, &obj).await,
+                    _ => api.replace(name()?, &pp, &obj).await,
+                };
+                to_text(&out.map_err(k)?)
+            }
+            Verb::Patch(kind) => {
+                let v = json()?;
+                let (pp, patch) = match kind {
+                    PatchKind::Merge => (
+                        PatchParams {
+                            field_manager: Some(plugin.into()),
+                            ..Default::default()
+                        },
+                        Patch::Merge(v),
+                    ),
+                    PatchKind::Strategic => (
+                        PatchParams {
+                            field_manager: Some(plugin.into()),
+                            ..Default::default()
+                        },
+                        Patch::Strategic(v),
+                    ),
+                    PatchKind::Apply => (PatchParams::apply(plugin).force(), Patch::Apply(v)),
+                    PatchKind::Json => {
+                        let p: json_patch::Patch = serde_json::from_value(v).map_err(|e| {
+                            ApiFailure::bad_request(format!("not a JSON patch: {e}"))
+                        })?;
+                        (
+                            PatchParams {
+                                field_manager: Some(plugin.into()),
+                                ..Default::default()
+                            },
+                            Patch::Json(p),
+                        )
+                    }
+                };
+                let out = match subresource {
+                    Some("status") => api.patch_status(name()?, &pp, &patch).await,
+                    _ => api.patch(name()?, &pp, &patch).await,
+                };
+                to_text(&out.map_err(k)?)
+            }
+            Verb::Delete => {
+                api.delete(name()?, &DeleteParams::default())
+                    .await
+                    .map_err(k)?;
+                Ok(String::new())
+            }
+        }
+    }
+}
+
+/// Serialising the different answer types through one closure.
+mod erased {
+    pub trait Ser {
+        fn to_json(&self) -> serde_json::Result<String>;
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn to_json(&self) -> serde_json::Result<String> {
+            serde_json::to_string(self)
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Prometheus metrics, with the names dashboards already use for controllers:
+//! `workqueue_*` (label `name`) and `controller_runtime_*` (label `controller`), both set to the
+//! plugin's name; plus `wcm_*` for what is particular to wasm plugins.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::informer::{InformerKey, InformerObserver};
+use crate::queue::QueueObserver;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Name {
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Ctrl {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CtrlResult {
+    controller: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginReason {
+    plugin: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Forbidden {
+    plugin: String,
+    verb: String,
+    resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InformerLabels {
+    resource: String,
+    event: String,
+}
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
+}
+
+type Hist = Family<Name, Histogram, fn() -> Histogram>;
+type CtrlHist = Family<Ctrl, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: std::sync::Mutex<Registry>,
+    queue_depth: Family<Name, Gauge>,
+    queue_adds: Family<Name, Counter>,
+    queue_retries: Family<Name, Counter>,
+    queue_duration: Hist,
+    work_duration: Hist,
+    reconcile_total: Family<CtrlResult, Counter>,
+    reconcile_errors: Family<Ctrl, Counter>,
+    reconcile_time: CtrlHist,
+    max_concurrent: Family<Ctrl, Gauge>,
+    active_workers: Family<Ctrl, Gauge>,
+    terminal_errors: Family<Ctrl, Counter>,
+    plugin_failures: Family<PluginReason, Counter>,
+    forbidden: Family<Forbidden, Counter>,
+    events_dropped: Family<PluginReason, Counter>,
+    events_written: Family<PluginReason, Counter>,
+    informer_events: Family<InformerLabels, Counter>,
+    plugins_loaded: Gauge<i64, AtomicI64>,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut r = Registry::default();
+        let m = Metrics {
+            queue_depth: Family::default(),
+            queue_adds: Family::default(),
+            queue_retries: Family::default(),
+            queue_duration: Family::new_with_constructor(seconds_histogram),
+            work_duration: Family::new_with_constructor(seconds_histogram),
+            reconcile_total: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_time: Family::new_with_constructor(seconds_histogram),
+            max_concurrent: Family::default(),
+            active_workers: Family::default(),
+            terminal_errors: Family::default(),
+            plugin_failures: Family::default(),
+            forbidden: Family::default(),
+            events_dropped: Family::default(),
+            events_written: Family::default(),
+            informer_events: Family::default(),
+            plugins_loaded: Gauge::default(),
+            registry: std::sync::Mutex::new(Registry::default()),
+        };
+        r.register(
+            "workqueue_depth",
+            "Current depth of the work queue",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "workqueue_adds",
+            "Total adds handled by the work queue",
+            m.queue_adds.clone(),
+        );
+        r.register(
+            "workqueue_retries",
+            "Total retries handled by the work queue",
+            m.queue_retries.clone(),
+        );
+        r.register(
+            "workqueue_queue_duration_seconds",
+            "How long an item stays in the queue before it is taken",
+            m.queue_duration.clone(),
+        );
+        r.register(
+            "workqueue_work_duration_seconds",
+            "How long processing an item takes",
+            m.work_duration.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile",
+            "Total reconciliations per controller and result",
+            m.reconcile_total.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_errors",
+            "Total reconciliation errors per controller",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            m.reconcile_time.clone(),
+        );
+        r.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            m.max_concurrent.clone(),
+        );
+        r.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            m.active_workers.clone(),
+        );
+        r.register(
+            "controller_runtime_terminal_reconcile_errors",
+            "Total terminal reconciliation errors per controller",
+            m.terminal_errors.clone(),
+        );
+        r.register(
+            "wcm_plugin_call_failures",
+            "Calls into a plugin that trapped or broke a limit, by reason",
+            m.plugin_failures.clone(),
+        );
+        r.register(
+            "wcm_forbidden_host_calls",
+            "API calls a plugin made without declaring the permission",
+            m.forbidden.clone(),
+        );
+        r.register(
+            "wcm_events_dropped",
+            "Events not written, by reason",
+            m.events_dropped.clone(),
+        );
+        r.register(
+            "wcm_events_written",
+            "Event writes to the API server (create or series update)",
+            m.events_written.clone(),
+        );
+        r.register(
+            "wcm_informer_events",
+            "Watch events seen by informers",
+            m.informer_events.clone(),
+        );
+        r.register(
+            "wcm_plugins_loaded",
+            "Plugins currently running",
+            m.plugins_loaded.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = r;
+        Arc::new(m)
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn queue_observer(self: &Arc<Self>, plugin: &str) -> Arc<dyn QueueObserver> {
+        Arc::new(PluginQueue {
+            m: self.clone(),
+            name: Name {
+                name: plugin.to_string(),
+            },
+        })
+    }
+
+    pub fn workers(&self, plugin: &str, max: u32) {
+        self.max_concurrent
+            .get_or_create(&ctrl(plugin))
+            .set(i64::from(max));
+    }
+
+    pub fn active_workers(&self, plugin: &str, delta: i64) {
+        self.active_workers
+            .get_or_create(&ctrl(plugin))
+            .inc_by(delta);
+    }
+
+    pub fn reconciled(&self, plugin: &str, result: &str, took: Duration) {
+        self.reconcile_total
+            .get_or_create(&CtrlResult {
+                controller: plugin.into(),
+                result: result.into(),
+            })
+            .inc();
+        if result == "error" {
+            self.reconcile_errors.get_or_create(&ctrl(plugin)).inc();
+        }
+        self.reconcile_time
+            .get_or_create(&ctrl(plugin))
+            .observe(took.as_secs_f64());
+        self.work_duration
+            .get_or_create(&Name {
+                name: plugin.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn terminal_error(&self, plugin: &str) {
+        self.terminal_errors.get_or_create(&ctrl(plugin)).inc();
+    }
+
+    pub fn plugin_failure(&self, plugin: &str, reason: &str) {
+        self.plugin_failures
+            .get_or_create(&PluginReason {
+                plugin: plugin.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn forbidden_call(&self, plugin: &str, verb: &str, resource: &str) {
+        self.forbidden
+            .get_or_create(&Forbidden {
+                plugin: plugin.into(),
+                verb: verb.into(),
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    pub fn event_dropped(&self, plugin: &str, reason: &str) {
+        self.events_dropped
+            .get_or_create(&PluginReason {
+                plugin: plugin.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn event_written(&self, plugin: &str, kind: &str) {
+        self.events_written
+            .get_or_create(&PluginReason {
+                plugin: plugin.into(),
+                reason: kind.into(),
+            })
+            .inc();
+    }
+
+    pub fn plugins_loaded(&self, n: usize) {
+        self.plugins_loaded.set(n as i64);
+    }
+}
+
+fn ctrl(plugin: &str) -> Ctrl {
+    Ctrl {
+        controller: plugin.to_string(),
+    }
+}
+
+struct PluginQueue {
+    m: Arc<Metrics>,
+    name: Name,
+}
+
+impl QueueObserver for PluginQueue {
+    fn added(&self) {
+        self.m.queue_adds.get_or_create(&self.name).inc();
+    }
+    fn depth(&self, depth: usize) {
+        self.m
+            .queue_depth
+            .get_or_create(&self.name)
+            .set(depth as i64);
+    }
+    fn retried(&self) {
+        self.m.queue_retries.get_or_create(&self.name).inc();
+    }
+    fn queued_for(&self, d: Duration) {
+        self.m
+            .queue_duration
+            .get_or_create(&self.name)
+            .observe(d.as_secs_f64());
+    }
+}
+
+impl InformerObserver for Metrics {
+    fn event(&self, informer: &InformerKey, kind: &'static str) {
+        self.informer_events
+            .get_or_create(&InformerLabels {
+                resource: informer.plural.clone(),
+                event: kind.into(),
+            })
+            .inc();
+    }
+    fn watch_error(&self, informer: &InformerKey) {
+        self.informer_events
+            .get_or_create(&InformerLabels {
+                resource: informer.plural.clone(),
+                event: "error".into(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,330 @@
+//! The host functions a plugin imports. Each call is counted and size-checked first (breaking a
+//! limit traps the plugin), and its time is given back to the plugin's CPU deadline.
+
+use std::time::Instant;
+
+use super::bindings::wcm::reconciler::{cache, client, config, events, log, types};
+use super::bindings::{ApiError, KindRef, ObjectKey};
+use super::call_ctx::CallCtx;
+use crate::events::PluginEvent;
+use crate::kubeapi::{ApiFailure, ApiRequest, PatchKind, Verb};
+use crate::selector::Selector;
+use crate::services::store_key;
+
+impl types::Host for CallCtx {}
+
+impl From<ApiFailure> for ApiError {
+    fn from(f: ApiFailure) -> Self {
+        ApiError {
+            code: f.code,
+            reason: f.reason,
+            message: f.message,
+        }
+    }
+}
+
+impl CallCtx {
+    async fn api(
+        &mut self,
+        what: &str,
+        req: ApiRequest<'_>,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        self.admit(
+            what,
+            [req.body, req.name, req.namespace].map(|s| s.map_or(0, str::len)),
+        )?;
+        let started = Instant::now();
+        let services = self.services.clone();
+        let out = services.api_call(&req).await;
+        self.host_time += started.elapsed();
+        Ok(out.map_err(ApiError::from))
+    }
+}
+
+/// An API request on one object, or on a collection when `name` is None.
+fn req<'a>(
+    verb: Verb,
+    kind: &'a KindRef,
+    namespace: Option<&'a str>,
+    name: Option<&'a str>,
+    body: Option<&'a str>,
+) -> ApiRequest<'a> {
+    ApiRequest {
+        verb,
+        kind,
+        namespace,
+        name,
+        subresource: None,
+        body,
+    }
+}
+
+impl client::Host for CallCtx {
+    async fn get(
+        &mut self,
+        kind: KindRef,
+        key: ObjectKey,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        self.api(
+            "client.get",
+            req(
+                Verb::Get,
+                &kind,
+                key.namespace.as_deref(),
+                Some(&key.name),
+                None,
+            ),
+        )
+        .await
+    }
+
+    async fn list(
+        &mut self,
+        kind: KindRef,
+        namespace: Option<String>,
+        label_selector: Option<String>,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        // The selector travels in the body slot of the shared call path.
+        self.api(
+            "client.list",
+            req(
+                Verb::List,
+                &kind,
+                namespace.as_deref(),
+                None,
+                label_selector.as_deref(),
+            ),
+        )
+        .await
+    }
+
+    async fn create(
+        &mut self,
+        kind: KindRef,
+        namespace: Option<String>,
+        body: String,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        self.api(
+            "client.create",
+            req(Verb::Create, &kind, namespace.as_deref(), None, Some(&body)),
+        )
+        .await
+    }
+
+    async fn replace(
+        &mut self,
+        kind: KindRef,
+        key: ObjectKey,
+        body: String,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        self.api(
+            "client.replace",
+            req(
+                Verb::Update,
+                &kind,
+                key.namespace.as_deref(),
+                Some(&key.name),
+                Some(&body),
+            ),
+        )
+        .await
+    }
+
+    async fn patch(
+        &mut self,
+        kind: KindRef,
+        key: ObjectKey,
+        patch_type: client::PatchType,
+        body: String,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        let verb = Verb::Patch(PatchKind::from(patch_type));
+        self.api(
+            "client.patch",
+            req(
+                verb,
+                &kind,
+                key.namespace.as_deref(),
+                Some(&key.name),
+                Some(&body),
+            ),
+        )
+        .await
+    }
+
+    async fn patch_status(
+        &mut self,
+        kind: KindRef,
+        key: ObjectKey,
+        patch_type: client::PatchType,
+        body: String,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        let verb = Verb::Patch(PatchKind::from(patch_type));
+        self.api(
+            "client.patch-status",
+            ApiRequest {
+                subresource: Some("status"),
+                ..req(
+                    verb,
+                    &kind,
+                    key.namespace.as_deref(),
+                    Some(&key.name),
+                    Some(&body),
+                )
+            },
+        )
+        .await
+    }
+
+    async fn delete(
+        &mut self,
+        kind: KindRef,
+        key: ObjectKey,
+    ) -> wasmtime::Result<Result<(), ApiError>> {
+        let out = self
+            .api(
+                "client.delete",
+                req(
+                    Verb::Delete,
+                    &kind,
+                    key.namespace.as_deref(),
+                    Some(&key.name),
+                    None,
+                ),
+            )
+            .await?;
+        Ok(out.map(|_| ()))
+    }
+}
+
+impl cache::Host for CallCtx {
+    async fn get(&mut self, kind: KindRef, key: ObjectKey) -> wasmtime::Result<Option<String>> {
+        self.admit("cache.get", [key.name.len()])?;
+        let Some(store) = self.services.cache_store(&kind) else {
+            tracing::warn!(plugin = %self.services.plugin_name(), kind = %kind.kind, "cache.get of a kind the plugin does not watch");
+            return Ok(None);
+        };
+        Ok(store.get(&store_key(&key)).map(|o| o.json.to_string()))
+    }
+
+    async fn keys(
+        &mut self,
+        kind: KindRef,
+        namespace: Option<String>,
+        label_selector: Option<String>,
+    ) -> wasmtime::Result<Result<Vec<ObjectKey>, String>> {
+        self.admit(
+            "cache.keys",
+            [label_selector.as_ref().map_or(0, String::len)],
+        )?;
+        Ok(self
+            .select(&kind, namespace.as_deref(), label_selector.as_deref())
+            .map(|objs| {
+                objs.iter()
+                    .map(|o| ObjectKey {
+                        namespace: o.key.namespace.clone(),
+                        name: o.key.name.clone(),
+                    })
+                    .collect()
+            }))
+    }
+
+    async fn list(
+        &mut self,
+        kind: KindRef,
+        namespace: Option<String>,
+        label_selector: Option<String>,
+    ) -> wasmtime::Result<Result<Vec<String>, String>> {
+        self.admit(
+            "cache.list",
+            [label_selector.as_ref().map_or(0, String::len)],
+        )?;
+        Ok(self
+            .select(&kind, namespace.as_deref(), label_selector.as_deref())
+            .map(|objs| objs.iter().map(|o| o.json.to_string()).collect()))
+    }
+}
+
+impl CallCtx {
+    fn select(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        selector: Option<&str>,
+    ) -> Result<Vec<std::sync::Arc<crate::cache::CachedObject>>, String> {
+        let store = self
+            .services
+            .cache_store(kind)
+            .ok_or_else(|| format!("{}/{} is not watched by this plugin: declare it in describe to read it from the cache", kind.version, kind.kind))?;
+        let selector = Selector::parse(selector.unwrap_or(""))?;
+        Ok(store.select(namespace, &selector))
+    }
+}
+
+impl events::Host for CallCtx {
+    async fn record(
+        &mut self,
+        regarding: events::ObjectRef,
+        event_type: events::EventType,
+        reason: String,
+        action: String,
+        note: String,
+    ) -> wasmtime::Result<()> {
+        self.admit("events.record", [reason.len(), action.len(), note.len()])?;
+        let k = &regarding.kind;
+        let api_version = if k.group.is_empty() {
+            k.version.clone()
+        } else {
+            format!("{}/{}", k.group, k.version)
+        };
+        self.services.record_event(PluginEvent {
+            api_version,
+            kind: k.kind.clone(),
+            namespace: regarding.key.namespace,
+            name: regarding.key.name,
+            uid: regarding.uid,
+            warning: matches!(event_type, events::EventType::Warning),
+            reason,
+            action,
+            note,
+        });
+        Ok(())
+    }
+}
+
+impl log::Host for CallCtx {
+    async fn log(
+        &mut self,
+        level: log::Level,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
+        let fields_size: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.admit("log.log", [message.len(), fields_size])?;
+        let plugin = self.services.plugin_name();
+        let fields = fields
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        match level {
+            log::Level::Trace => tracing::trace!(plugin, fields, "{message}"),
+            log::Level::Debug => tracing::debug!(plugin, fields, "{message}"),
+            log::Level::Info => tracing::info!(plugin, fields, "{message}"),
+            log::Level::Warn => tracing::warn!(plugin, fields, "{message}"),
+            log::Level::Error => tracing::error!(plugin, fields, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+impl config::Host for CallCtx {
+    async fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        self.admit("config.get", [key.len()])?;
+        Ok(self.services.config.get(&key).cloned())
+    }
+
+    async fn secret(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        self.admit("config.secret", [key.len()])?;
+        Ok(self.services.secrets.get(&key).cloned())
+    }
+}

@@ -1,0 +1,147 @@
+//! Label selectors in the API server's syntax, for cache reads: `a=b`, `a==b`, `a!=b`,
+//! `a in (x,y)`, `a notin (x)`, `a`, `!a`, joined by commas.
+
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Req {
+    Eq(String, String),
+    NotEq(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed selector; the empty selector matches everything.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Selector {
+    reqs: Vec<Req>,
+}
+
+impl Selector {
+    pub fn parse(text: &str) -> Result<Selector, String> {
+        let mut reqs = Vec::new();
+        for part in split_top_level(text) {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            reqs.push(parse_req(part).ok_or_else(|| {
+                format!("invalid label selector requirement {part:?} in {text:?}")
+            })?);
+        }
+        Ok(Selector { reqs })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.reqs.iter().all(|r| match r {
+            Req::Eq(k, v) => labels.get(k) == Some(v),
+            Req::NotEq(k, v) => labels.get(k) != Some(v),
+            Req::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
+            Req::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
+            Req::Exists(k) => labels.contains_key(k),
+            Req::NotExists(k) => !labels.contains_key(k),
+        })
+    }
+}
+
+/// Splits on commas that are not inside parentheses.
+fn split_top_level(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&text[start..]);
+    out
+}
+
+fn valid_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+}
+
+fn set(text: &str) -> Option<Vec<String>> {
+    let inner = text.trim().strip_prefix('(')?.strip_suffix(')')?;
+    Some(inner.split(',').map(|v| v.trim().to_string()).collect())
+}
+
+fn parse_req(part: &str) -> Option<Req> {
+    if let Some(k) = part.strip_prefix('!') {
+        let k = k.trim();
+        return valid_key(k).then(|| Req::NotExists(k.to_string()));
+    }
+    if let Some((k, v)) = part.split_once("!=") {
+        let k = k.trim();
+        return valid_key(k).then(|| Req::NotEq(k.to_string(), v.trim().to_string()));
+    }
+    if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+        let k = k.trim();
+        return valid_key(k).then(|| Req::Eq(k.to_string(), v.trim().to_string()));
+    }
+    let words: Vec<&str> = part.splitn(2, char::is_whitespace).collect();
+    match words.as_slice() {
+        [k] if valid_key(k) => Some(Req::Exists(k.to_string())),
+        [k, rest] if valid_key(k) => {
+            let rest = rest.trim();
+            if let Some(s) = rest.strip_prefix("notin") {
+                Some(Req::NotIn(k.to_string(), set(s)?))
+            } else if let Some(s) = rest.strip_prefix("in") {
+                Some(Req::In(k.to_string(), set(s)?))
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn each_operator() {
+        let l = labels(&[
+            ("app", "web"),
+            ("tier", "front"),
+            ("node-role.kubernetes.io/control-plane", ""),
+        ]);
+        let m = |s: &str| Selector::parse(s).expect("valid").matches(&l);
+        assert!(m(""));
+        assert!(m("app=web") && m("app==web") && !m("app=db"));
+        assert!(m("app!=db") && !m("app!=web") && m("missing!=x"));
+        assert!(m("app in (web, db)") && !m("app in (db)"));
+        assert!(m("app notin (db)") && !m("app notin (web,db)") && m("missing notin (x)"));
+        assert!(
+            m("node-role.kubernetes.io/control-plane")
+                && !m("!node-role.kubernetes.io/control-plane")
+        );
+        assert!(m("app=web,tier in (front,back),!missing"));
+        assert!(!m("app=web,tier=back"));
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert!(Selector::parse("app in web").is_err());
+        assert!(Selector::parse("a b c").is_err());
+        assert!(Selector::parse("=x").is_err());
+    }
+}

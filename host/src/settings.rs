@@ -1,0 +1,136 @@
+//! The operator's settings for one plugin: the optional `NAME.toml` beside `NAME.wasm`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::sandbox::Limits;
+
+/// `NAME.toml`. Every key is optional; unknown keys are an error (a typo must not pass silently).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSettings {
+    /// Instance name, replacing the name the plugin declares: runs one component more than once,
+    /// each with its own settings, queue and metrics.
+    pub name: Option<String>,
+    /// `false` keeps the plugin loaded-but-stopped (default true).
+    pub enabled: Option<bool>,
+    /// Concurrent reconciles; overrides the plugin's own default.
+    pub workers: Option<u32>,
+    /// Periodic resync in seconds (0: none); overrides the plugin's own default.
+    pub resync_seconds: Option<u32>,
+    /// Guest CPU time per call, milliseconds.
+    pub cpu_deadline_ms: Option<u64>,
+    /// Linear memory cap, MiB.
+    pub memory_mb: Option<u32>,
+    /// Hosts the plugin may reach over HTTP (intersected with what it declares).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Plain settings the plugin reads with `config.get`.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// Secret references, `key = "namespace/secret-name/data-key"`, read with `config.secret`.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, String>,
+}
+
+impl PluginSettings {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let s: PluginSettings = toml::from_str(text).map_err(|e| e.to_string())?;
+        for (key, reference) in &s.secrets {
+            SecretRef::parse(reference).map_err(|e| format!("secrets.{key}: {e}"))?;
+        }
+        if s.workers == Some(0) {
+            return Err("workers must be at least 1".into());
+        }
+        if s.memory_mb == Some(0) {
+            return Err("memory_mb must be at least 1".into());
+        }
+        Ok(s)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.unwrap_or(true)
+    }
+
+    /// The call limits: host defaults, overridden where the operator says.
+    pub fn limits(&self, defaults: &Limits) -> Limits {
+        let mut l = defaults.clone();
+        if let Some(ms) = self.cpu_deadline_ms {
+            l.cpu_deadline = Duration::from_millis(ms.max(1));
+        }
+        if let Some(mb) = self.memory_mb {
+            l.memory = (mb as usize) << 20;
+        }
+        l
+    }
+}
+
+/// `namespace/name/key` of a Secret's data entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+impl SecretRef {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        match parts.as_slice() {
+            [ns, name, key] if !ns.is_empty() && !name.is_empty() && !key.is_empty() => {
+                Ok(SecretRef {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                    key: key.to_string(),
+                })
+            }
+            _ => Err(format!(
+                "{s:?} is not a secret reference of the form namespace/secret-name/key"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_file_parses() {
+        let s = PluginSettings::parse(
+            r#"
+            workers = 3
+            resync_seconds = 30
+            cpu_deadline_ms = 250
+            memory_mb = 32
+            allowed_hosts = ["neutron:9696"]
+            [config]
+            label-key = "example.com/pods"
+            [secrets]
+            password = "openstack/neutron-credentials/password"
+            "#,
+        )
+        .expect("valid");
+        assert!(s.enabled());
+        assert_eq!(s.workers, Some(3));
+        assert_eq!(
+            s.config.get("label-key").map(String::as_str),
+            Some("example.com/pods")
+        );
+        let l = s.limits(&Limits::default());
+        assert_eq!(l.cpu_deadline, Duration::from_millis(250));
+        assert_eq!(l.memory, 32 << 20);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = PluginSettings::parse("worker = 2").expect_err("unknown key");
+        assert!(e.contains("worker"), "{e}");
+        let e = PluginSettings::parse("[secrets]\npw = \"only/two\"").expect_err("bad ref");
+        assert!(e.contains("secrets.pw"), "{e}");
+        assert!(PluginSettings::parse("workers = 0").is_err());
+        assert!(PluginSettings::parse("workers = \"two\"").is_err());
+    }
+}

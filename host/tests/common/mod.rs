@@ -1,0 +1,151 @@
+//! Shared by the host's integration tests: the real compiled plugins and a manager started
+//! against the test cluster.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use wasm_controller_manager::app::{Manager, RunConfig};
+use wasm_controller_manager::rate_limit::RateLimits;
+use wasm_controller_manager::sandbox::Limits;
+
+/// Where `scripts/build-plugins` puts the components.
+pub fn artifacts_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("WCM_PLUGIN_ARTIFACTS") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| testenv::repo_root().join("target"));
+    target.join("wasm32-wasip2/plugin")
+}
+
+static BUILT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+
+/// Builds the plugins once per test binary (a no-op when they are fresh).
+fn ensure_built() -> Result<()> {
+    BUILT
+        .get_or_init(|| {
+            let script = testenv::repo_root().join("scripts/build-plugins");
+            let out = std::process::Command::new("bash")
+                .arg(&script)
+                .output()
+                .map_err(|e| format!("run {}: {e}", script.display()))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} failed:\n{}",
+                    script.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// The compiled component of a shipped plugin (`pod_counter`) or a test plugin (`well-behaved`).
+pub fn plugin(name: &str) -> Result<PathBuf> {
+    ensure_built()?;
+    let dir = artifacts_dir();
+    for candidate in [
+        dir.join(format!("{name}.wasm")),
+        dir.join("examples").join(format!("{name}.wasm")),
+        dir.join("examples")
+            .join(format!("{}.wasm", name.replace('-', "_"))),
+    ] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!("no component for plugin {name} in {}", dir.display())
+}
+
+/// Copies a plugin into a directory under `file_name` (atomically: write, then rename).
+pub fn install(dir: &Path, name: &str, file_name: &str) -> Result<PathBuf> {
+    let src = plugin(name)?;
+    let dst = dir.join(file_name);
+    let tmp = dir.join(format!(".{file_name}.tmp"));
+    std::fs::copy(&src, &tmp).with_context(|| format!("copy {}", src.display()))?;
+    std::fs::rename(&tmp, &dst)?;
+    Ok(dst)
+}
+
+/// A fresh temp directory.
+pub fn temp_dir(tag: &str) -> Result<PathBuf> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "wcm-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// Settings that make failures show quickly in tests.
+pub fn test_config(plugins_dir: &Path) -> RunConfig {
+    RunConfig {
+        kubeconfig: None,
+        plugins_dir: plugins_dir.to_path_buf(),
+        compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
+        metrics_addr: Some("127.0.0.1:0".parse().expect("static address")),
+        kube_qps: 200.0,
+        kube_burst: 400,
+        api_timeout: Duration::from_secs(10),
+        default_workers: 2,
+        limits: Limits {
+            cpu_deadline: Duration::from_millis(300),
+            memory: 32 << 20,
+            ..Limits::default()
+        },
+        max_instances: 64,
+        max_plugin_bytes: 16 << 20,
+        rescan: Duration::from_secs(2),
+        allowed_hosts: vec![],
+        rate_limits: RateLimits {
+            base_delay: Duration::from_millis(200),
+            ..RateLimits::default()
+        },
+    }
+}
+
+/// Starts a manager on the shared test cluster.
+pub async fn start_manager(cfg: RunConfig) -> Result<Manager> {
+    let env = testenv::TestEnv::shared().await?;
+    Manager::start(cfg, env.client().await?).await
+}
+
+/// Polls `f` until it returns Some, or fails after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() > deadline {
+            match last_err {
+                Some(e) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
+                }
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A metric's value summed over series whose labels include all of `labels`.
+pub fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
+    testenv::sum_metric(&m.metrics.encode(), name, labels)
+}

@@ -1,0 +1,174 @@
+//! The sandbox against the real test cluster, with real compiled components: a well-behaved plugin
+//! reconciles; misbehaving ones are each stopped with a clear error and retried with backoff while
+//! the host and the other plugins keep working.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+async fn annotation(cms: &Api<ConfigMap>, name: &str) -> Result<Option<String>> {
+    Ok(cms
+        .get(name)
+        .await?
+        .metadata
+        .annotations
+        .and_then(|a| a.get("wcm.test/reconciled").cloned()))
+}
+
+fn cm(name: &str, value: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("value".to_string(), value.to_string())])),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("sandbox").await?;
+    let dir = temp_dir("sandbox")?;
+    for p in [
+        "well-behaved",
+        "infinite-loop",
+        "memory-bomb",
+        "panicker",
+        "undeclared-call",
+        "oversized-output",
+    ] {
+        install(&dir, p, &format!("{p}.wasm"))?;
+    }
+    let manager = start_manager(test_config(&dir)).await?;
+    let status = manager.plugins.status().await;
+    assert_eq!(status.len(), 6, "{status:?}");
+    assert!(
+        status.values().all(|s| matches!(
+            s,
+            wasm_controller_manager::plugins::FileStatus::Running { .. }
+        )),
+        "{status:?}"
+    );
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    cms.create(&PostParams::default(), &cm("c1", "v1")).await?;
+
+    // The well-behaved plugin reconciles, and follows an update.
+    eventually(
+        "well-behaved annotates c1 = v1",
+        Duration::from_secs(30),
+        || async { Ok((annotation(&cms, "c1").await?.as_deref() == Some("v1")).then_some(())) },
+    )
+    .await?;
+    cms.patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"value": "v2"}})),
+    )
+    .await?;
+    eventually(
+        "well-behaved follows the update to v2",
+        Duration::from_secs(30),
+        || async { Ok((annotation(&cms, "c1").await?.as_deref() == Some("v2")).then_some(())) },
+    )
+    .await?;
+
+    // Each misbehaving plugin fails in its own way, at least twice (the key is retried).
+    for (plugin, reason) in [
+        ("infinite-loop", "deadline"),
+        ("memory-bomb", "memory"),
+        ("panicker", "trap"),
+        ("oversized-output", "limit"),
+    ] {
+        eventually(
+            &format!("{plugin} fails with {reason} twice"),
+            Duration::from_secs(60),
+            || async {
+                let n = metric(
+                    &manager,
+                    "wcm_plugin_call_failures_total",
+                    &[("plugin", plugin), ("reason", reason)],
+                );
+                Ok((n >= 2.0).then_some(()))
+            },
+        )
+        .await?;
+    }
+    // The undeclared call is refused inside the host: a Forbidden error, a metric, no API request.
+    eventually(
+        "undeclared-call is refused",
+        Duration::from_secs(30),
+        || async {
+            Ok((metric(
+                &manager,
+                "wcm_forbidden_host_calls_total",
+                &[
+                    ("plugin", "undeclared-call"),
+                    ("verb", "patch"),
+                    ("resource", "nodes"),
+                ],
+            ) >= 1.0)
+                .then_some(()))
+        },
+    )
+    .await?;
+    eventually(
+        "undeclared-call's reconcile reports the Forbidden error",
+        Duration::from_secs(30),
+        || async {
+            Ok((metric(
+                &manager,
+                "controller_runtime_reconcile_total",
+                &[("controller", "undeclared-call"), ("result", "error")],
+            ) >= 1.0)
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    // Retries back off: with a 200 ms base delay doubling, a few seconds allow only a handful.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let panics = metric(
+        &manager,
+        "wcm_plugin_call_failures_total",
+        &[("plugin", "panicker")],
+    );
+    let keys = metric(&manager, "workqueue_adds_total", &[("name", "panicker")]);
+    assert!(
+        panics < 60.0,
+        "panicker retried {panics} times: no backoff?"
+    );
+    assert!(keys >= 1.0);
+
+    // The host and the well-behaved plugin still work after all of that.
+    cms.create(&PostParams::default(), &cm("c2", "after"))
+        .await?;
+    eventually(
+        "well-behaved still reconciles",
+        Duration::from_secs(30),
+        || async { Ok((annotation(&cms, "c2").await?.as_deref() == Some("after")).then_some(())) },
+    )
+    .await?;
+    // No node was ever patched by the undeclared call.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in nodes.list(&Default::default()).await? {
+        let labels = n.metadata.labels.unwrap_or_default();
+        assert!(
+            !labels.keys().any(|k| k.contains("undeclared")),
+            "node {:?} was patched",
+            n.metadata.name
+        );
+    }
+    manager.stop().await;
+    Ok(())
+}
