@@ -186,8 +186,19 @@ async fn plugins_status(State(s): State<HttpState>) -> String {
     let mut out = String::new();
     for (file, st) in s.plugins.status().await {
         let line = match st {
-            FileStatus::Running { plugin, sha256 } => {
+            FileStatus::Running {
+                plugin,
+                sha256,
+                update_refused: None,
+            } => {
                 format!("{file}.wasm\trunning\t{plugin}\t{sha256}\n")
+            }
+            FileStatus::Running {
+                plugin,
+                sha256,
+                update_refused: Some(e),
+            } => {
+                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\tupdate refused: {e}\n")
             }
             FileStatus::Disabled { plugin } => format!("{file}.wasm\tdisabled\t{plugin}\n"),
             FileStatus::Refused { error } => format!("{file}.wasm\trefused\t{error}\n"),

@@ -58,9 +58,18 @@ struct Running {
 /// The state of one file, for status and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileStatus {
-    Running { plugin: String, sha256: String },
-    Disabled { plugin: String },
-    Refused { error: String },
+    /// `update_refused`: a newer file was refused, and this version keeps running.
+    Running {
+        plugin: String,
+        sha256: String,
+        update_refused: Option<String>,
+    },
+    Disabled {
+        plugin: String,
+    },
+    Refused {
+        error: String,
+    },
 }
 
 pub struct PluginManager {
@@ -120,11 +129,13 @@ impl PluginManager {
     /// Status of every file seen.
     pub async fn status(&self) -> BTreeMap<String, FileStatus> {
         let mut out = BTreeMap::new();
+        let refused = self.refused.lock().await;
         for (stem, r) in self.running.lock().await.iter() {
             let st = match &r.controller {
                 Some(_) => FileStatus::Running {
                     plugin: r.name.clone(),
                     sha256: r.disk.wasm_sha.clone(),
+                    update_refused: refused.get(stem).map(|(_, e)| e.clone()),
                 },
                 None => FileStatus::Disabled {
                     plugin: r.name.clone(),
@@ -132,7 +143,7 @@ impl PluginManager {
             };
             out.insert(stem.clone(), st);
         }
-        for (stem, (_, err)) in self.refused.lock().await.iter() {
+        for (stem, (_, err)) in refused.iter() {
             out.entry(stem.clone())
                 .or_insert_with(|| FileStatus::Refused { error: err.clone() });
         }

@@ -17,11 +17,20 @@ use serde_json::json;
 const LABEL: &str = "hopegi/pod-count";
 
 async fn label(nodes: &Api<Node>, name: &str) -> Result<Option<String>> {
-    Ok(nodes.get(name).await?.metadata.labels.and_then(|l| l.get(LABEL).cloned()))
+    Ok(nodes
+        .get(name)
+        .await?
+        .metadata
+        .labels
+        .and_then(|l| l.get(LABEL).cloned()))
 }
 
 async fn total_pods(client: &kube::Client) -> Result<usize> {
-    Ok(Api::<Pod>::all(client.clone()).list(&ListParams::default()).await?.items.len())
+    Ok(Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .len())
 }
 
 async fn node(nodes: &Api<Node>, name: &str, role_label: Option<&str>) -> Result<()> {
@@ -46,7 +55,12 @@ async fn writes(env: &testenv::TestEnv) -> Result<f64> {
     let mut total = 0.0;
     for resource in ["nodes", "events"] {
         for verb in ["POST", "PUT", "PATCH", "DELETE", "APPLY"] {
-            total += env.apiserver_metric("apiserver_request_total", &[("resource", resource), ("verb", verb)]).await?;
+            total += env
+                .apiserver_metric(
+                    "apiserver_request_total",
+                    &[("resource", resource), ("verb", verb)],
+                )
+                .await?;
         }
     }
     Ok(total)
@@ -57,8 +71,18 @@ async fn label_follows_the_pod_count_and_settles() -> Result<()> {
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    node(&nodes, "cp-1", Some("node-role.kubernetes.io/control-plane")).await?;
-    node(&nodes, "legacy-master", Some("node-role.kubernetes.io/master")).await?;
+    node(
+        &nodes,
+        "cp-1",
+        Some("node-role.kubernetes.io/control-plane"),
+    )
+    .await?;
+    node(
+        &nodes,
+        "legacy-master",
+        Some("node-role.kubernetes.io/master"),
+    )
+    .await?;
     node(&nodes, "worker-1", None).await?;
 
     let dir = temp_dir("pod-counter")?;
@@ -72,50 +96,79 @@ async fn label_follows_the_pod_count_and_settles() -> Result<()> {
         let ns = env.namespace(&format!("count-{i}")).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
         for j in 0..(4 + i) {
-            pods.create(&PostParams::default(), &pod(&format!("p{j}"))?).await?;
+            pods.create(&PostParams::default(), &pod(&format!("p{j}"))?)
+                .await?;
         }
         namespaces.push(ns.name);
     }
     let expect = total_pods(&client).await?;
-    assert_eq!(expect, 4 + 5 + 6, "only this test makes pods in its cluster");
+    assert_eq!(
+        expect,
+        4 + 5 + 6,
+        "only this test makes pods in its cluster"
+    );
     for n in ["cp-1", "legacy-master"] {
-        eventually(&format!("{n} labelled {expect}"), Duration::from_secs(60), || async {
-            Ok((label(&nodes, n).await?.as_deref() == Some(expect.to_string().as_str())).then_some(()))
-        })
+        eventually(
+            &format!("{n} labelled {expect}"),
+            Duration::from_secs(60),
+            || async {
+                Ok(
+                    (label(&nodes, n).await?.as_deref() == Some(expect.to_string().as_str()))
+                        .then_some(()),
+                )
+            },
+        )
         .await?;
     }
-    assert_eq!(label(&nodes, "worker-1").await?, None, "a worker node is never labelled");
+    assert_eq!(
+        label(&nodes, "worker-1").await?,
+        None,
+        "a worker node is never labelled"
+    );
 
     // Events on every counted pod.
     for ns in &namespaces {
-        let pods = Api::<Pod>::namespaced(client.clone(), ns).list(&ListParams::default()).await?;
+        let pods = Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
         let events: Api<Event> = Api::namespaced(client.clone(), ns);
-        eventually(&format!("events on every pod in {ns}"), Duration::from_secs(30), || async {
-            let list = events.list(&ListParams::default()).await?;
-            let ok = pods.items.iter().all(|p| {
-                list.items.iter().any(|e| {
-                    e.reason.as_deref() == Some("SuccessCalculatePod")
-                        && e.reporting_controller.as_deref() == Some("pod-counter")
-                        && e.note.as_deref().is_some_and(|n| n.starts_with("pod count is "))
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == p.metadata.name.as_deref()
-                })
-            });
-            Ok(ok.then_some(()))
-        })
+        eventually(
+            &format!("events on every pod in {ns}"),
+            Duration::from_secs(30),
+            || async {
+                let list = events.list(&ListParams::default()).await?;
+                let ok = pods.items.iter().all(|p| {
+                    list.items.iter().any(|e| {
+                        e.reason.as_deref() == Some("SuccessCalculatePod")
+                            && e.reporting_controller.as_deref() == Some("pod-counter")
+                            && e.note
+                                .as_deref()
+                                .is_some_and(|n| n.starts_with("pod count is "))
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                == p.metadata.name.as_deref()
+                    })
+                });
+                Ok(ok.then_some(()))
+            },
+        )
         .await?;
     }
 
     // Pods deleted: the label follows.
     let first: Api<Pod> = Api::namespaced(client.clone(), &namespaces[0]);
     for j in 0..4 {
-        first.delete(&format!("p{j}"), &DeleteParams::default()).await?;
+        first
+            .delete(&format!("p{j}"), &DeleteParams::default())
+            .await?;
     }
     let expect = total_pods(&client).await?;
     assert_eq!(expect, 11);
     for n in ["cp-1", "legacy-master"] {
-        eventually(&format!("{n} relabelled {expect}"), Duration::from_secs(60), || async {
-            Ok((label(&nodes, n).await?.as_deref() == Some("11")).then_some(()))
-        })
+        eventually(
+            &format!("{n} relabelled {expect}"),
+            Duration::from_secs(60),
+            || async { Ok((label(&nodes, n).await?.as_deref() == Some("11")).then_some(())) },
+        )
         .await?;
     }
     assert_eq!(label(&nodes, "worker-1").await?, None);
@@ -124,12 +177,27 @@ async fn label_follows_the_pod_count_and_settles() -> Result<()> {
     // writes nothing to nodes or events.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let before = writes(env).await?;
-    let reconciles_before = metric(&manager, "controller_runtime_reconcile_total", &[("controller", "pod-counter")]);
+    let reconciles_before = metric(
+        &manager,
+        "controller_runtime_reconcile_total",
+        &[("controller", "pod-counter")],
+    );
     tokio::time::sleep(Duration::from_secs(60)).await;
     let after = writes(env).await?;
-    let reconciles_after = metric(&manager, "controller_runtime_reconcile_total", &[("controller", "pod-counter")]);
-    assert!(reconciles_after - reconciles_before >= 20.0, "the recount did not run: {reconciles_before} → {reconciles_after}");
-    assert_eq!(after - before, 0.0, "writes to nodes/events during a quiet minute");
+    let reconciles_after = metric(
+        &manager,
+        "controller_runtime_reconcile_total",
+        &[("controller", "pod-counter")],
+    );
+    assert!(
+        reconciles_after - reconciles_before >= 20.0,
+        "the recount did not run: {reconciles_before} → {reconciles_after}"
+    );
+    assert_eq!(
+        after - before,
+        0.0,
+        "writes to nodes/events during a quiet minute"
+    );
     manager.stop().await;
     Ok(())
 }
