@@ -26,10 +26,8 @@ fn artifact(name: &str) -> PathBuf {
     let dir = std::env::var_os("WCM_PLUGIN_ARTIFACTS")
         .map(PathBuf::from)
         .unwrap_or_else(|| target.join("wasm32-wasip2/plugin"));
-    for c in [
-        dir.join("examples").join(format!("{name}.wasm")),
-        dir.join(format!("{name}.wasm")),
-    ] {
+    let file = format!("{}.wasm", name.replace('-', "_"));
+    for c in [dir.join("examples").join(&file), dir.join(&file)] {
         if c.is_file() {
             return c;
         }
@@ -75,6 +73,10 @@ fn main() {
             compile_cache: Some(cache.clone()),
             max_instances: 64,
             max_memory: 64 << 20,
+            keep_resident: std::env::var("BENCH_KEEP_RESIDENT_KIB")
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .map_or(RuntimeSettings::default().keep_resident, |k| k << 10),
         })
         .expect("engine"),
     );
@@ -120,12 +122,11 @@ fn main() {
     let mut inst = Vec::with_capacity(iterations);
     rt.block_on(async {
         for _ in 0..iterations {
-            let t = Instant::now();
-            runtime
+            let took = runtime
                 .instantiate_only(&compiled, services.clone(), &limits)
                 .await
                 .expect("instantiate");
-            inst.push(t.elapsed());
+            inst.push(took);
         }
     });
     let (n50, n99) = percentiles(native);

@@ -37,6 +37,9 @@ pub struct RunConfig {
     pub rescan: Duration,
     pub allowed_hosts: Vec<String>,
     pub rate_limits: RateLimits,
+    /// Event writes per second (all plugins) and the burst above it.
+    pub event_qps: f64,
+    pub event_burst: u32,
 }
 
 /// A running manager (for tests and `run`).
@@ -78,6 +81,7 @@ impl Manager {
             compile_cache: cfg.compile_cache.clone(),
             max_instances: cfg.max_instances,
             max_memory: cfg.limits.memory.max(256 << 20),
+            ..RuntimeSettings::default()
         })?);
         let informers = Arc::new(Informers::new(client.clone(), metrics.clone()));
         let api = ApiAccess::new(
@@ -85,7 +89,15 @@ impl Manager {
             Arc::new(ApiRateLimit::new(cfg.kube_qps, cfg.kube_burst)),
             cfg.api_timeout,
         );
-        let events = events::start(client.clone(), EventSettings::default(), metrics.clone());
+        let events = events::start(
+            client.clone(),
+            EventSettings {
+                qps: cfg.event_qps,
+                burst: cfg.event_burst,
+                ..EventSettings::default()
+            },
+            metrics.clone(),
+        );
         let parts = Arc::new(ControllerParts {
             runtime,
             informers: informers.clone(),

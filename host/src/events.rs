@@ -1,20 +1,25 @@
-//! Event recording (events.k8s.io/v1) for plugins, with the correlation client-go does:
-//! - a bounded queue: recording never blocks a reconcile (a full queue drops, and counts it);
+//! Event recording (events.k8s.io/v1) for plugins, with the correlation client-go does.
+//!
+//! Recording is in memory and never waits for the API server: `EventSink::record` correlates the
+//! event under a short lock and, when something must be written, puts it on a bounded queue that
+//! one writer task drains at a bounded rate (`qps`/`burst`). So:
 //! - repeats of the same event on the same object become a series: the first repeat writes
-//!   `series.count = 2`, later repeats only count in memory and are flushed periodically and when
-//!   the series ends (no repeat for `series_idle`), so a steady state makes no writes;
-//! - a spam filter per (plugin, object, reason): a token bucket bounds new events;
+//!   `series.count = 2`, later repeats only count in memory and are written periodically
+//!   (`series_flush`) and when the series ends (no repeat for `series_idle`) — a steady state
+//!   makes no writes;
+//! - a spam filter per (plugin, object, reason) — a token bucket — bounds new events;
+//! - a full write queue drops the new event (counted), never blocks a reconcile;
 //! - failed writes are retried with backoff, a bounded number of times.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
@@ -36,7 +41,11 @@ pub struct PluginEvent {
 /// Settings of the recorder.
 #[derive(Debug, Clone)]
 pub struct EventSettings {
+    /// Writes waiting at most; beyond it new events are dropped (and counted).
     pub queue: usize,
+    /// Event writes per second to the API server, all plugins together, and the burst above it.
+    pub qps: f64,
+    pub burst: u32,
     /// New events per (plugin, object, reason): burst, then one per `spam_refill`.
     pub spam_burst: u32,
     pub spam_refill: Duration,
@@ -53,6 +62,8 @@ impl Default for EventSettings {
     fn default() -> Self {
         EventSettings {
             queue: 4096,
+            qps: 20.0,
+            burst: 50,
             spam_burst: 25,
             spam_refill: Duration::from_secs(300),
             series_idle: Duration::from_secs(360),
@@ -69,148 +80,247 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "wasm-controller-manager".into())
 }
 
-/// Where plugins' events go. Cheap to clone.
-#[derive(Clone)]
-pub struct EventSink {
-    tx: mpsc::Sender<(Arc<str>, PluginEvent)>,
-    metrics: Arc<Metrics>,
-}
+type SeriesKey = (Arc<str>, PluginEvent);
+/// The spam filter's key: plugin, kind, namespace, name, reason.
+type SpamKey = (Arc<str>, String, String, String, String);
 
-impl EventSink {
-    /// Queues an event; never waits. A full queue drops it (counted in metrics).
-    pub fn record(&self, plugin: &str, event: PluginEvent) {
-        if self.tx.try_send((plugin.into(), event)).is_err() {
-            self.metrics.event_dropped(plugin, "queue_full");
-        }
-    }
-}
-
-/// Starts the recorder task.
-pub fn start(client: kube::Client, settings: EventSettings, metrics: Arc<Metrics>) -> EventSink {
-    let (tx, rx) = mpsc::channel(settings.queue);
-    let recorder = Recorder {
-        client,
-        settings,
-        metrics: metrics.clone(),
-        series: HashMap::new(),
-        buckets: HashMap::new(),
-    };
-    tokio::spawn(recorder.run(rx));
-    EventSink { tx, metrics }
-}
-
+/// One event on one object and its repeats.
 struct Series {
     namespace: String,
+    /// Chosen when first seen, so repeats can refer to it before it is written.
     name: String,
     count: i32,
     written_count: i32,
+    created: bool,
+    queued: bool,
     last_seen: Instant,
     last_flush: Instant,
 }
 
-/// The spam filter's key: plugin, kind, namespace, name, reason.
-type SpamKey = (Arc<str>, String, String, String, String);
-
-struct Recorder {
-    client: kube::Client,
-    settings: EventSettings,
-    metrics: Arc<Metrics>,
-    series: HashMap<(Arc<str>, PluginEvent), Series>,
+#[derive(Default)]
+struct State {
+    series: HashMap<SeriesKey, Series>,
     buckets: HashMap<SpamKey, (f64, Instant)>,
+    pending: VecDeque<SeriesKey>,
 }
 
-impl Recorder {
-    async fn run(mut self, mut rx: mpsc::Receiver<(Arc<str>, PluginEvent)>) {
-        let mut tick = tokio::time::interval(Duration::from_secs(5).min(self.settings.series_idle));
-        loop {
-            tokio::select! {
-                got = rx.recv() => match got {
-                    Some((plugin, event)) => self.handle(plugin, event).await,
-                    None => { self.flush_all().await; return; }
-                },
-                _ = tick.tick() => self.housekeeping().await,
+struct Shared {
+    settings: EventSettings,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+/// Where plugins' events go. Cheap to clone.
+#[derive(Clone)]
+pub struct EventSink {
+    shared: Arc<Shared>,
+}
+
+impl EventSink {
+    /// Correlates an event and queues what must be written; never waits for the API server.
+    pub fn record(&self, plugin: &str, event: PluginEvent) {
+        let s = &self.shared;
+        let now = Instant::now();
+        let plugin: Arc<str> = plugin.into();
+        let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (plugin.clone(), event);
+        if let Some(series) = st.series.get_mut(&key) {
+            series.count += 1;
+            series.last_seen = now;
+            // The first repeat of a written event makes it a series at once; a create still
+            // waiting will carry the count itself.
+            let enqueue = series.created && series.written_count < 2 && !series.queued;
+            if enqueue {
+                series.queued = true;
+                st.pending.push_back(key);
+                drop(st);
+                s.wake.notify_one();
             }
+            return;
+        }
+        if !admit(&mut st.buckets, &s.settings, &plugin, &key.1, now) {
+            s.metrics.event_dropped(&plugin, "spam_filter");
+            return;
+        }
+        if st.pending.len() >= s.settings.queue {
+            s.metrics.event_dropped(&plugin, "queue_full");
+            return;
+        }
+        let e = &key.1;
+        let series = Series {
+            namespace: e.namespace.clone().unwrap_or_else(|| "default".to_string()),
+            // client-go's naming: the object's name and a unique time suffix.
+            name: format!("{}.{:x}", e.name, unique_suffix()),
+            count: 1,
+            written_count: 0,
+            created: false,
+            queued: true,
+            last_seen: now,
+            last_flush: now,
+        };
+        st.series.insert(key.clone(), series);
+        st.pending.push_back(key);
+        drop(st);
+        s.wake.notify_one();
+    }
+}
+
+/// The spam filter: a token bucket per (plugin, object, reason).
+fn admit(
+    buckets: &mut HashMap<SpamKey, (f64, Instant)>,
+    settings: &EventSettings,
+    plugin: &Arc<str>,
+    e: &PluginEvent,
+    now: Instant,
+) -> bool {
+    let key = (
+        plugin.clone(),
+        e.kind.clone(),
+        e.namespace.clone().unwrap_or_default(),
+        e.name.clone(),
+        e.reason.clone(),
+    );
+    let burst = f64::from(settings.spam_burst.max(1));
+    let refill = settings.spam_refill.as_secs_f64().max(0.001);
+    let (tokens, last) = buckets.entry(key).or_insert((burst, now));
+    *tokens = (*tokens + now.duration_since(*last).as_secs_f64() / refill).min(burst);
+    *last = now;
+    if *tokens >= 1.0 {
+        *tokens -= 1.0;
+        true
+    } else {
+        false
+    }
+}
+
+/// Starts the writer task.
+pub fn start(client: kube::Client, settings: EventSettings, metrics: Arc<Metrics>) -> EventSink {
+    let sink = EventSink::new(settings, metrics);
+    tokio::spawn(
+        Writer {
+            client,
+            shared: sink.shared.clone(),
+        }
+        .run(),
+    );
+    sink
+}
+
+impl EventSink {
+    fn new(settings: EventSettings, metrics: Arc<Metrics>) -> Self {
+        EventSink {
+            shared: Arc::new(Shared {
+                settings,
+                metrics,
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+            }),
         }
     }
 
-    async fn handle(&mut self, plugin: Arc<str>, event: PluginEvent) {
-        let now = Instant::now();
-        let key = (plugin.clone(), event.clone());
-        if let Some(s) = self.series.get_mut(&key) {
-            s.count += 1;
-            s.last_seen = now;
-            if s.written_count < 2 {
-                // The first repeat turns the event into a series right away.
-                let (ns, name, count) = (s.namespace.clone(), s.name.clone(), s.count);
-                if self.write_series(&plugin, &ns, &name, count).await
-                    && let Some(s) = self.series.get_mut(&key)
-                {
-                    s.written_count = count;
-                    s.last_flush = now;
+    /// Writes waiting (for tests and metrics).
+    pub fn pending(&self) -> usize {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pending
+            .len()
+    }
+}
+
+/// What the writer does for one queued series.
+enum Job {
+    Create(Box<Event>),
+    Series { count: i32 },
+}
+
+struct Writer {
+    client: kube::Client,
+    shared: Arc<Shared>,
+}
+
+impl Writer {
+    async fn run(self) {
+        let s = &self.shared;
+        let limiter = crate::kubeapi::ApiRateLimit::new(s.settings.qps, s.settings.burst);
+        let period = Duration::from_secs(5).min(s.settings.series_idle);
+        let mut last_housekeeping = Instant::now();
+        loop {
+            if last_housekeeping.elapsed() >= period {
+                self.housekeeping();
+                last_housekeeping = Instant::now();
+            }
+            let Some((key, namespace, name, job)) = self.next_job() else {
+                tokio::select! {
+                    _ = s.wake.notified() => {}
+                    _ = tokio::time::sleep(period) => {}
+                }
+                continue;
+            };
+            limiter.acquire().await;
+            let count = match &job {
+                Job::Create(e) => e.series.as_ref().map_or(1, |s| s.count),
+                Job::Series { count } => *count,
+            };
+            let ok = self.write(&key.0, &namespace, &name, job).await;
+            let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(series) = st.series.get_mut(&key) {
+                series.queued = false;
+                if ok {
+                    series.created = true;
+                    series.written_count = count;
+                    series.last_flush = Instant::now();
+                } else if !series.created {
+                    // Never written: forget it, so a later occurrence starts afresh.
+                    st.series.remove(&key);
                 }
             }
-            return;
-        }
-        if !self.admit(&plugin, &event, now) {
-            self.metrics.event_dropped(&plugin, "spam_filter");
-            return;
-        }
-        if let Some((namespace, name)) = self.create(&plugin, &event).await {
-            self.series.insert(
-                key,
-                Series {
-                    namespace,
-                    name,
-                    count: 1,
-                    written_count: 1,
-                    last_seen: now,
-                    last_flush: now,
-                },
-            );
         }
     }
 
-    /// The spam filter: a token bucket per (plugin, object, reason).
-    fn admit(&mut self, plugin: &Arc<str>, e: &PluginEvent, now: Instant) -> bool {
-        let key = (
-            plugin.clone(),
-            e.kind.clone(),
-            e.namespace.clone().unwrap_or_default(),
-            e.name.clone(),
-            e.reason.clone(),
-        );
-        let burst = f64::from(self.settings.spam_burst.max(1));
-        let refill = self.settings.spam_refill.as_secs_f64().max(0.001);
-        let (tokens, last) = self.buckets.entry(key).or_insert((burst, now));
-        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() / refill).min(burst);
-        *last = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
+    /// Takes the next queued series and what to write for it.
+    fn next_job(&self) -> Option<(SeriesKey, String, String, Job)> {
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let key = st.pending.pop_front()?;
+        let series = st.series.get(&key)?;
+        let job = if series.created {
+            Job::Series {
+                count: series.count,
+            }
         } else {
-            false
-        }
+            Job::Create(Box::new(self.event(&key, series)))
+        };
+        Some((
+            key.clone(),
+            series.namespace.clone(),
+            series.name.clone(),
+            job,
+        ))
     }
 
-    async fn create(&self, plugin: &str, e: &PluginEvent) -> Option<(String, String)> {
-        let namespace = e.namespace.clone().unwrap_or_else(|| "default".to_string());
+    fn event(&self, (plugin, e): &SeriesKey, series: &Series) -> Event {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let mut note = e.note.clone();
         truncate(&mut note, 1024);
-        let event = Event {
+        Event {
             metadata: ObjectMeta {
-                // client-go's naming: the object's name and a unique time suffix.
-                name: Some(format!("{}.{:x}", e.name, unique_suffix())),
-                namespace: Some(namespace.clone()),
+                name: Some(series.name.clone()),
+                namespace: Some(series.namespace.clone()),
                 ..Default::default()
             },
-            event_time: Some(now),
+            event_time: Some(now.clone()),
+            series: (series.count >= 2).then(|| EventSeries {
+                count: series.count,
+                last_observed_time: now,
+            }),
             action: Some(e.action.clone()),
             reason: Some(e.reason.clone()),
             note: Some(note),
             type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
             reporting_controller: Some(plugin.to_string()),
-            reporting_instance: Some(format!("{}-{plugin}", self.settings.instance)),
+            reporting_instance: Some(format!("{}-{plugin}", self.shared.settings.instance)),
             regarding: Some(ObjectReference {
                 api_version: Some(e.api_version.clone()),
                 kind: Some(e.kind.clone()),
@@ -220,21 +330,39 @@ impl Recorder {
                 ..Default::default()
             }),
             ..Default::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        for attempt in 0..=self.settings.max_retries {
-            match api.create(&PostParams::default(), &event).await {
-                Ok(created) => {
-                    self.metrics.event_written(plugin, "create");
-                    return created.metadata.name.map(|n| (namespace, n));
+        }
+    }
+
+    async fn write(&self, plugin: &str, namespace: &str, name: &str, job: Job) -> bool {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let metrics = &self.shared.metrics;
+        for attempt in 0..=self.shared.settings.max_retries {
+            let result = match &job {
+                Job::Create(event) => api
+                    .create(&PostParams::default(), event)
+                    .await
+                    .map(|_| "create"),
+                Job::Series { count } => {
+                    let series = EventSeries {
+                        count: *count,
+                        last_observed_time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+                    };
+                    let patch = serde_json::json!({ "series": series });
+                    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map(|_| "series")
+                }
+            };
+            match result {
+                Ok(kind) => {
+                    metrics.event_written(plugin, kind);
+                    return true;
                 }
                 // The namespace is going away, or the request is invalid: retrying cannot help.
-                Err(kube::Error::Api(s))
-                    if s.code == 403 || s.code == 404 || s.code == 422 || s.code == 400 =>
-                {
-                    tracing::warn!(plugin, reason = %e.reason, "event rejected: {}", s.message);
-                    self.metrics.event_dropped(plugin, "rejected");
-                    return None;
+                Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
+                    tracing::warn!(plugin, event = name, "event rejected: {}", s.message);
+                    metrics.event_dropped(plugin, "rejected");
+                    return false;
                 }
                 Err(err) => {
                     tracing::debug!(plugin, attempt, "event write failed, retrying: {err}");
@@ -247,79 +375,42 @@ impl Recorder {
                 }
             }
         }
-        self.metrics.event_dropped(plugin, "retries_exhausted");
-        None
+        metrics.event_dropped(plugin, "retries_exhausted");
+        false
     }
 
-    async fn write_series(&self, plugin: &str, namespace: &str, name: &str, count: i32) -> bool {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
-        let series = EventSeries {
-            count,
-            last_observed_time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
-        };
-        let patch = serde_json::json!({ "series": series });
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                self.metrics.event_written(plugin, "series");
-                true
-            }
-            Err(err) => {
-                tracing::debug!(plugin, name, "event series write failed: {err}");
-                false
-            }
-        }
-    }
-
-    /// Ends idle series (writing their final count) and flushes long-running ones.
-    async fn housekeeping(&mut self) {
+    /// Queues the final count of ended series and the count of long-running ones; forgets ended
+    /// series and idle spam buckets.
+    fn housekeeping(&self) {
+        let s = &self.shared;
         let now = Instant::now();
-        let mut to_write = Vec::new();
-        let mut ended = Vec::new();
-        for (key, s) in &self.series {
-            let idle = now.duration_since(s.last_seen) >= self.settings.series_idle;
-            let due = now.duration_since(s.last_flush) >= self.settings.series_flush;
-            if s.count != s.written_count && (idle || due) {
-                to_write.push((key.clone(), s.namespace.clone(), s.name.clone(), s.count));
+        let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queue = Vec::new();
+        st.series.retain(|key, series| {
+            let idle = now.duration_since(series.last_seen) >= s.settings.series_idle;
+            let due = now.duration_since(series.last_flush) >= s.settings.series_flush;
+            let unwritten = series.created && series.count != series.written_count;
+            if unwritten && (idle || due) && !series.queued {
+                series.queued = true;
+                queue.push(key.clone());
             }
-            if idle {
-                ended.push(key.clone());
-            }
-        }
-        for (key, ns, name, count) in to_write {
-            if self.write_series(&key.0, &ns, &name, count).await
-                && let Some(s) = self.series.get_mut(&key)
-            {
-                s.written_count = count;
-                s.last_flush = now;
-            }
-        }
-        for key in ended {
-            self.series.remove(&key);
-        }
-        let refill = self.settings.spam_refill * self.settings.spam_burst.max(1);
-        self.buckets
+            // An ended series stays until its last count is written.
+            !(idle && !series.queued)
+        });
+        st.pending.extend(queue);
+        let refill = s.settings.spam_refill * s.settings.spam_burst.max(1);
+        st.buckets
             .retain(|_, (_, last)| now.duration_since(*last) < refill);
-    }
-
-    async fn flush_all(&mut self) {
-        let pending: Vec<_> = self
-            .series
-            .iter()
-            .filter(|(_, s)| s.count != s.written_count)
-            .map(|(k, s)| (k.0.clone(), s.namespace.clone(), s.name.clone(), s.count))
-            .collect();
-        for (plugin, ns, name, count) in pending {
-            self.write_series(&plugin, &ns, &name, count).await;
+        if !st.pending.is_empty() {
+            drop(st);
+            s.wake.notify_one();
         }
     }
 }
 
 /// Nanoseconds since the epoch, bumped to stay unique within this process.
 fn unique_suffix() -> u128 {
-    static LAST: std::sync::Mutex<u128> = std::sync::Mutex::new(0);
+    static LAST: Mutex<u128> = Mutex::new(0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -336,5 +427,89 @@ fn truncate(s: &mut String, max: usize) {
             end -= 1;
         }
         s.truncate(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, note: &str) -> PluginEvent {
+        PluginEvent {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            namespace: Some("ns".into()),
+            name: name.into(),
+            uid: None,
+            warning: false,
+            reason: "SuccessCalculatePod".into(),
+            action: "Count".into(),
+            note: note.into(),
+        }
+    }
+
+    fn sink(queue: usize) -> EventSink {
+        EventSink::new(
+            EventSettings {
+                queue,
+                ..EventSettings::default()
+            },
+            Metrics::new(),
+        )
+    }
+
+    fn count(sink: &EventSink, plugin: &str, e: PluginEvent) -> i32 {
+        let st = sink.shared.state.lock().expect("lock");
+        st.series.get(&(plugin.into(), e)).map_or(0, |s| s.count)
+    }
+
+    #[tokio::test]
+    async fn repeats_are_counted_in_memory_not_queued() {
+        let s = sink(100);
+        for _ in 0..10 {
+            s.record("p", event("a", "pod count is 3"));
+        }
+        assert_eq!(
+            s.pending(),
+            1,
+            "one create, whatever the repeats before it is written"
+        );
+        assert_eq!(count(&s, "p", event("a", "pod count is 3")), 10);
+        s.record("p", event("a", "pod count is 4"));
+        assert_eq!(s.pending(), 2, "another note is another event");
+    }
+
+    #[tokio::test]
+    async fn the_spam_filter_bounds_new_events_per_object_and_reason() {
+        let s = sink(1000);
+        for i in 0..40 {
+            s.record("p", event("a", &format!("note {i}")));
+        }
+        assert_eq!(s.pending(), 25, "burst of 25 per object and reason");
+        s.record("p", event("b", "note 0"));
+        assert_eq!(s.pending(), 26, "another object has its own bucket");
+        let dropped = testenv_free_metric(&s, "spam_filter");
+        assert_eq!(dropped, 15.0);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_new_events_without_blocking() {
+        let s = sink(3);
+        for i in 0..10 {
+            s.record("p", event(&format!("pod-{i}"), "n"));
+        }
+        assert_eq!(s.pending(), 3);
+        assert_eq!(testenv_free_metric(&s, "queue_full"), 7.0);
+    }
+
+    fn testenv_free_metric(s: &EventSink, reason: &str) -> f64 {
+        let text = s.shared.metrics.encode();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("wcm_events_dropped_total")
+                    && l.contains(&format!("reason=\"{reason}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 }

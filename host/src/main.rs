@@ -86,6 +86,12 @@ struct RunArgs {
     /// Largest retry delay of a failing key, seconds.
     #[arg(long, default_value_t = 1000)]
     retry_max_seconds: u64,
+    /// Event writes per second to the API server, all plugins together.
+    #[arg(long, default_value_t = 20.0)]
+    event_qps: f64,
+    /// Burst above --event-qps.
+    #[arg(long, default_value_t = 50)]
+    event_burst: u32,
     /// Retries per second over all keys of a plugin (token bucket).
     #[arg(long, default_value_t = 10.0)]
     retry_qps: f64,
@@ -126,6 +132,8 @@ impl RunArgs {
             max_plugin_bytes: self.max_plugin_bytes,
             rescan: Duration::from_secs(self.rescan_seconds.max(1)),
             allowed_hosts: self.allowed_hosts,
+            event_qps: self.event_qps,
+            event_burst: self.event_burst,
             rate_limits: RateLimits {
                 base_delay: Duration::from_millis(self.retry_base_ms),
                 max_delay: Duration::from_secs(self.retry_max_seconds),

@@ -106,6 +106,8 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
         max_plugin_bytes: 16 << 20,
         rescan: Duration::from_secs(2),
         allowed_hosts: vec![],
+        event_qps: 20.0,
+        event_burst: 50,
         rate_limits: RateLimits {
             base_delay: Duration::from_millis(200),
             ..RateLimits::default()

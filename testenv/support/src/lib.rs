@@ -10,7 +10,7 @@
 //! `KUBECONFIG` instead; tests that need to stop the apiserver are then skipped with a message.
 
 mod control;
-mod crds;
+pub mod crds;
 mod namespace;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,582 @@
+//! The engine against the real test cluster (testenv), in one run:
+//! 1. 2,000 Pods created; time until a no-op wasm plugin has reconciled all of them, next to the
+//!    same logic as a native kube-runtime `Controller`; CPU time per event (utime+stime of this
+//!    process, less a phase where only the load generator runs) and resident memory.
+//! 2. Event-to-reconcile latency p50/p99 at a steady 50 Pods/s (from the queue-duration histogram).
+//! 3. Heap bytes of the cache for 10,000 Pods: ours (full objects, and metadata-only) next to a
+//!    kube-runtime reflector store of the same Pods (a counting allocator measures live bytes).
+//! 4. pod-counter with 10,000 Pods: time until the label converges, and event writes per second.
+//!
+//! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench engine`
+//! (about 5 minutes; prints a report; docs/benchmarks.md keeps the numbers).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::json;
+use wasm_controller_manager::app::{Manager, RunConfig};
+use wasm_controller_manager::informer::{InformerKey, Informers};
+use wasm_controller_manager::metrics::Metrics;
+use wasm_controller_manager::rate_limit::RateLimits;
+use wasm_controller_manager::sandbox::Limits;
+
+/// Counts live heap bytes.
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn live_mib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
+}
+
+/// utime+stime of this process, seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the command name: state is field 0; utime 11, stime 12 (clock ticks, 100 Hz).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "bench", "tier": "load"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/bench:1",
+            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    }))
+    .expect("static pod")
+}
+
+/// Creates `n` pods with `concurrency` requests in flight; returns the wall time.
+async fn create_pods(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    n: usize,
+    concurrency: usize,
+) -> Duration {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            let name = format!("{prefix}-{i}");
+            async move {
+                for attempt in 0..5 {
+                    match api.create(&PostParams::default(), &pod(&name)).await {
+                        Ok(_) => return,
+                        Err(e) if attempt < 4 => {
+                            eprintln!("create {name}: {e}; retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(e) => panic!("create {name}: {e}"),
+                    }
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    start.elapsed()
+}
+
+fn artifact(name: &str) -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = target.join("wasm32-wasip2/plugin");
+    [
+        dir.join("examples").join(format!("{name}.wasm")),
+        dir.join(format!("{name}.wasm")),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| {
+        panic!(
+            "no {name}.wasm under {}: run scripts/build-plugins first",
+            dir.display()
+        )
+    })
+}
+
+fn config(dir: &std::path::Path) -> RunConfig {
+    RunConfig {
+        kubeconfig: None,
+        plugins_dir: dir.to_path_buf(),
+        compile_cache: Some(std::env::temp_dir().join("wcm-bench-compile-cache")),
+        metrics_addr: None,
+        kube_qps: 50.0,
+        kube_burst: 100,
+        api_timeout: Duration::from_secs(30),
+        default_workers: 2,
+        limits: Limits::default(),
+        max_instances: 64,
+        max_plugin_bytes: 64 << 20,
+        rescan: Duration::from_secs(30),
+        allowed_hosts: vec![],
+        event_qps: 20.0,
+        event_burst: 50,
+        rate_limits: RateLimits::default(),
+    }
+}
+
+fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
+    testenv::sum_metric(&m.metrics.encode(), name, labels)
+}
+
+/// A quantile from a Prometheus histogram's cumulative buckets (linear within a bucket).
+fn quantile(exposition: &str, name: &str, label: &str, q: f64) -> f64 {
+    let mut buckets: Vec<(f64, f64)> = exposition
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains(label))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    let target = q * total;
+    let mut prev = (0.0, 0.0);
+    for (le, c) in buckets {
+        if c >= target {
+            if !le.is_finite() {
+                return prev.0;
+            }
+            let frac = if c > prev.1 {
+                (target - prev.1) / (c - prev.1)
+            } else {
+                1.0
+            };
+            return prev.0 + (le - prev.0) * frac;
+        }
+        prev = (le, c);
+    }
+    prev.0
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+async fn run() {
+    const PODS: usize = 2000;
+    const CONCURRENCY: usize = 32;
+    let env = testenv::TestEnv::shared().await.expect("test cluster");
+    let client = env.client().await.expect("client");
+    println!(
+        "machine: {} cores; pods per phase: {PODS}; create concurrency {CONCURRENCY}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+
+    // Phase 0: the load generator alone, for the CPU baseline.
+    let ns0 = env.namespace("bench-load").await.expect("ns").name;
+    let cpu = cpu_seconds();
+    let load_wall = create_pods(&client, &ns0, "p", PODS, CONCURRENCY).await;
+    let load_cpu = cpu_seconds() - cpu;
+    println!(
+        "load only: {PODS} pods created in {:.2} s ({:.0}/s), {:.2} s CPU",
+        load_wall.as_secs_f64(),
+        PODS as f64 / load_wall.as_secs_f64(),
+        load_cpu
+    );
+
+    // Phase 1: the wasm no-op plugin, watching this namespace's pods only.
+    let ns1 = env.namespace("bench-wasm").await.expect("ns").name;
+    let dir = std::env::temp_dir().join(format!("wcm-bench-engine-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::copy(artifact("noop"), dir.join("noop.wasm")).expect("copy noop");
+    let manager = Manager::start(config(&dir), client.clone())
+        .await
+        .expect("manager");
+    // The plugin watches all namespaces: phase 0's pods are reconciled first, outside the timing.
+    let base = PODS as f64;
+    wait_until("initial reconciles", Duration::from_secs(120), || {
+        metric(
+            &manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "noop")],
+        ) >= base
+    })
+    .await;
+    let rss0 = rss_mib();
+    let cpu = cpu_seconds();
+    let start = Instant::now();
+    let load = tokio::spawn({
+        let (c, ns) = (client.clone(), ns1.clone());
+        async move { create_pods(&c, &ns, "p", PODS, CONCURRENCY).await }
+    });
+    wait_until("wasm reconciles", Duration::from_secs(300), || {
+        metric(
+            &manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "noop")],
+        ) >= base + PODS as f64
+    })
+    .await;
+    let wasm_wall = start.elapsed();
+    let _ = load.await;
+    let wasm_cpu = cpu_seconds() - cpu;
+    let wasm_rss = rss_mib();
+    manager.stop().await;
+
+    // Phase 2: the same no-op as a native kube-runtime Controller.
+    let ns2 = env.namespace("bench-native").await.expect("ns").name;
+    let count = Arc::new(AtomicUsize::new(0));
+    let api: Api<Pod> = Api::all(client.clone());
+    let ctl = tokio::spawn({
+        let count = count.clone();
+        Controller::new(api, watcher::Config::default())
+            .run(
+                |_pod: Arc<Pod>, ctx: Arc<AtomicUsize>| async move {
+                    ctx.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, kube::Error>(Action::await_change())
+                },
+                |_pod, _err, _ctx| Action::requeue(Duration::from_secs(1)),
+                count,
+            )
+            .for_each(|_| async {})
+    });
+    let already = 2 * PODS;
+    wait_until("native initial sync", Duration::from_secs(120), || {
+        count.load(Ordering::Relaxed) >= already
+    })
+    .await;
+    let rss1 = rss_mib();
+    let cpu = cpu_seconds();
+    let start = Instant::now();
+    let load = tokio::spawn({
+        let (c, ns) = (client.clone(), ns2.clone());
+        async move { create_pods(&c, &ns, "p", PODS, CONCURRENCY).await }
+    });
+    wait_until("native reconciles", Duration::from_secs(300), || {
+        count.load(Ordering::Relaxed) >= already + PODS
+    })
+    .await;
+    let native_wall = start.elapsed();
+    let _ = load.await;
+    let native_cpu = cpu_seconds() - cpu;
+    let native_rss = rss_mib();
+    ctl.abort();
+
+    println!();
+    println!(
+        "| 2,000 pods created → all reconciled | wall | throughput | CPU per event (less load generator) | RSS after |"
+    );
+    println!("|---|---|---|---|---|");
+    println!(
+        "| wasm no-op plugin (fresh instance per call) | {:.2} s | {:.0}/s | {:.0} µs | {:.0} MiB (+{:.0}) |",
+        wasm_wall.as_secs_f64(),
+        PODS as f64 / wasm_wall.as_secs_f64(),
+        (wasm_cpu - load_cpu).max(0.0) / PODS as f64 * 1e6,
+        wasm_rss,
+        wasm_rss - rss0
+    );
+    println!(
+        "| native kube-runtime Controller | {:.2} s | {:.0}/s | {:.0} µs | {:.0} MiB (+{:.0}) |",
+        native_wall.as_secs_f64(),
+        PODS as f64 / native_wall.as_secs_f64(),
+        (native_cpu - load_cpu).max(0.0) / PODS as f64 * 1e6,
+        native_rss,
+        native_rss - rss1
+    );
+    println!(
+        "| ratio native wall / wasm wall | {:.2} | | | |",
+        native_wall.as_secs_f64() / wasm_wall.as_secs_f64()
+    );
+
+    // Phase 3: latency at a steady 50 pods/s.
+    let ns3 = env.namespace("bench-latency").await.expect("ns").name;
+    let manager = Manager::start(config(&dir), client.clone())
+        .await
+        .expect("manager");
+    wait_until("initial reconciles", Duration::from_secs(120), || {
+        metric(
+            &manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "noop")],
+        ) >= (3 * PODS) as f64
+    })
+    .await;
+    let before = metric(
+        &manager,
+        "controller_runtime_reconcile_total",
+        &[("controller", "noop")],
+    );
+    // A fresh histogram: the initial sync's adds are in it; subtract by using only new samples.
+    let exposition_before = manager.metrics.encode();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns3);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for i in 0..500 {
+        tick.tick().await;
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.create(&PostParams::default(), &pod(&format!("l-{i}")))
+                .await
+        });
+    }
+    wait_until("latency pods reconciled", Duration::from_secs(120), || {
+        metric(
+            &manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "noop")],
+        ) >= before + 500.0
+    })
+    .await;
+    let exposition = diff_histogram(
+        &exposition_before,
+        &manager.metrics.encode(),
+        "workqueue_queue_duration_seconds",
+    );
+    let p50 = quantile(
+        &exposition,
+        "workqueue_queue_duration_seconds",
+        "name=\"noop\"",
+        0.50,
+    );
+    let p99 = quantile(
+        &exposition,
+        "workqueue_queue_duration_seconds",
+        "name=\"noop\"",
+        0.99,
+    );
+    let r50 = quantile(
+        &manager.metrics.encode(),
+        "controller_runtime_reconcile_time_seconds",
+        "controller=\"noop\"",
+        0.50,
+    );
+    println!();
+    println!("| steady 50 pods/s, 500 pods | p50 | p99 |");
+    println!("|---|---|---|");
+    println!(
+        "| watch event → reconcile start (queue duration) | {:.2} ms | {:.2} ms |",
+        p50 * 1e3,
+        p99 * 1e3
+    );
+    println!(
+        "| reconcile (wasm call, whole) p50 | {:.3} ms | |",
+        r50 * 1e3
+    );
+    manager.stop().await;
+
+    // Phase 4: the cache for 10,000 pods.
+    let existing = 3 * PODS + 500;
+    let ns4 = env.namespace("bench-cache").await.expect("ns").name;
+    let more = 10_000usize.saturating_sub(existing);
+    let t = create_pods(&client, &ns4, "c", more, CONCURRENCY).await;
+    println!();
+    println!(
+        "created {more} more pods in {:.1} s; cluster has {} pods",
+        t.as_secs_f64(),
+        existing + more
+    );
+    let informers = Informers::new(client.clone(), Metrics::new());
+    let key = |metadata_only| InformerKey {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Pod".into(),
+        plural: "pods".into(),
+        namespace: None,
+        label_selector: None,
+        metadata_only,
+    };
+    let measure = |label: &'static str, bytes: f64, n: usize| {
+        println!(
+            "| {label} | {n} | {bytes:.1} MiB | {:.0} B |",
+            bytes * (1 << 20) as f64 / n as f64
+        )
+    };
+    println!("| cache of all pods | objects | live heap | per object |");
+    println!("|---|---|---|---|");
+    for metadata_only in [false, true] {
+        let before = live_mib();
+        let informer = informers.acquire(key(metadata_only));
+        informer.wait_synced().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let n = informer.store().len();
+        measure(
+            if metadata_only {
+                "ours, metadata only (JSON, stripped)"
+            } else {
+                "ours, full objects (JSON, stripped)"
+            },
+            live_mib() - before,
+            n,
+        );
+        drop(informer);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = live_mib();
+    let (reader, writer) = reflector::store::<Pod>();
+    let refl = tokio::spawn(
+        reflector(
+            writer,
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()),
+        )
+        .applied_objects()
+        .try_for_each(|_| async { Ok(()) }),
+    );
+    reader.wait_until_ready().await.expect("reflector ready");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    measure(
+        "kube-runtime reflector store (typed Pod)",
+        live_mib() - before,
+        reader.state().len(),
+    );
+    refl.abort();
+    drop(reader);
+
+    // Phase 5: pod-counter with all these pods.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "bench-cp", "labels": {"node-role.kubernetes.io/control-plane": ""}}})).expect("node");
+    let _ = nodes.create(&PostParams::default(), &node).await;
+    let pc_dir = std::env::temp_dir().join(format!("wcm-bench-pc-{}", std::process::id()));
+    std::fs::create_dir_all(&pc_dir).expect("dir");
+    std::fs::copy(artifact("pod_counter"), pc_dir.join("pod_counter.wasm")).expect("copy");
+    let total = Api::<Pod>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .len();
+    let start = Instant::now();
+    let manager = Manager::start(config(&pc_dir), client.clone())
+        .await
+        .expect("manager");
+    let mut converged = None;
+    while start.elapsed() < Duration::from_secs(300) {
+        let label = nodes
+            .get("bench-cp")
+            .await
+            .ok()
+            .and_then(|n| n.metadata.labels?.get("hopegi/pod-count").cloned());
+        if label.as_deref() == Some(total.to_string().as_str()) {
+            converged = Some(start.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written0 = metric(
+        &manager,
+        "wcm_events_written_total",
+        &[("plugin", "pod-counter")],
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let written1 = metric(
+        &manager,
+        "wcm_events_written_total",
+        &[("plugin", "pod-counter")],
+    );
+    let dropped = metric(
+        &manager,
+        "wcm_events_dropped_total",
+        &[("plugin", "pod-counter")],
+    );
+    let reconciles = metric(
+        &manager,
+        "controller_runtime_reconcile_total",
+        &[("controller", "pod-counter")],
+    );
+    println!();
+    println!("| pod-counter, {total} pods | value |");
+    println!("|---|---|");
+    println!(
+        "| manager start → label = {total} | {} |",
+        converged
+            .map(|d| format!("{:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "not within 300 s".into())
+    );
+    println!(
+        "| event writes per second over the next 60 s | {:.1} |",
+        (written1 - written0) / 60.0
+    );
+    println!("| event writes in all | {written1} |");
+    println!("| events dropped (queue full / spam filter) | {dropped} |");
+    println!("| reconciles | {reconciles} |");
+    manager.stop().await;
+}
+
+/// The histogram `name` of `after` with the counts of `before` subtracted (new samples only).
+fn diff_histogram(before: &str, after: &str, name: &str) -> String {
+    let counts = |text: &str| -> std::collections::HashMap<String, f64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket")))
+            .filter_map(|l| {
+                let (series, v) = l.rsplit_once(' ')?;
+                Some((series.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    };
+    let b = counts(before);
+    counts(after)
+        .into_iter()
+        .map(|(series, v)| format!("{series} {}\n", v - b.get(&series).copied().unwrap_or(0.0)))
+        .collect()
+}
