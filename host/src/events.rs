@@ -311,7 +311,7 @@ impl Writer {
                 ..Default::default()
             },
             event_time: Some(now.clone()),
-            series: (series.count >= 2).then(|| EventSeries {
+            series: (series.count >= 2).then_some(EventSeries {
                 count: series.count,
                 last_observed_time: now,
             }),
@@ -395,7 +395,7 @@ impl Writer {
                 queue.push(key.clone());
             }
             // An ended series stays until its last count is written.
-            !(idle && !series.queued)
+            !idle || series.queued
         });
         st.pending.extend(queue);
         let refill = s.settings.spam_refill * s.settings.spam_burst.max(1);
