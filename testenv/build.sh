@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the testenv binary (etcd + kube-apiserver) once per content of testenv/ and prints its path.
 # The binary is cached in $WCM_CACHE_DIR/testenv (default ~/.cache/wasm-controller-manager), keyed by a
-# hash of the Go sources, go.mod, go.sum and the Go version, so the ~5-9 minute first build is paid once.
+# hash of this script, the Go sources, go.mod, go.sum and the Go version, so the ~5-9 minute first build is paid once.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${WCM_CACHE_DIR:-$HOME/.cache/wasm-controller-manager}/testenv
@@ -16,10 +16,13 @@ case "$gover" in
   *) echo "testenv/build.sh: $gover is too old; kube-apiserver v1.36 needs Go 1.26 or newer" >&2; exit 1 ;;
 esac
 
-key=$( (cd "$here" && cat go.mod go.sum $(ls *.go | sort); echo "$gover") | sha256sum | cut -c1-16)
+key=$( (cd "$here" && cat build.sh go.mod go.sum $(ls *.go | sort); echo "$gover") | sha256sum | cut -c1-16)
 bin="$cache/testenv-$key"
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 
+# The apiserver reports this version (/version), as a released build would.
+k8s_version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$here/go.mod")
+k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
 mkdir -p "$cache"
 # One build at a time per machine: parallel test binaries wait for the first build instead of repeating it.
 exec 9>"$cache/.lock"
@@ -29,7 +32,8 @@ if [ ! -x "$bin" ]; then
   start=$(date +%s)
   # nojsonv2: keep encoding/json v1 semantics (Go 1.27's default json v2 breaks kube-openapi).
   (cd "$here" && GOTOOLCHAIN=local GOEXPERIMENT=nojsonv2 GOFLAGS=-mod=mod CGO_ENABLED=0 \
-      go build -trimpath -ldflags='-s -w' -o "$bin.tmp" .)
+      go build -trimpath -o "$bin.tmp" \
+        -ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${k8s_minor}" .)
   mv "$bin.tmp" "$bin"
   echo "testenv/build.sh: built in $(( $(date +%s) - start ))s: $bin" >&2
 fi

@@ -320,30 +320,26 @@ fn broadcast(subs: &[mpsc::UnboundedSender<Change>], change: Change) {
     }
 }
 
-/// A full object as the watch delivers it, turned into its cached form while it is decoded.
+/// An object as the watch delivers it, turned into its cached form while it is decoded.
+/// `META = true` asks the API server for metadata only (`PartialObjectMetadata`).
 #[derive(Debug, Clone)]
-pub struct RawObject {
+pub struct Raw<const META: bool> {
     meta: ObjectMeta,
     cached: Option<Arc<CachedObject>>,
 }
 
-/// Object metadata only (the API server sends PartialObjectMetadata).
-#[derive(Debug, Clone)]
-pub struct RawMeta(RawObject);
+/// A full object.
+pub type RawObject = Raw<false>;
+/// Object metadata only.
+pub type RawMeta = Raw<true>;
 
-impl From<RawObject> for Option<Arc<CachedObject>> {
-    fn from(r: RawObject) -> Self {
+impl<const META: bool> From<Raw<META>> for Option<Arc<CachedObject>> {
+    fn from(r: Raw<META>) -> Self {
         r.cached
     }
 }
 
-impl From<RawMeta> for Option<Arc<CachedObject>> {
-    fn from(r: RawMeta) -> Self {
-        r.0.cached
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for RawObject {
+impl<'de, const META: bool> serde::Deserialize<'de> for Raw<META> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = serde_json::Value::deserialize(d)?;
         // The watcher needs the resource version of every object (bookmarks included).
@@ -365,20 +361,17 @@ impl<'de> serde::Deserialize<'de> for RawObject {
             },
             None => meta,
         };
-        Ok(RawObject { meta, cached })
+        Ok(Raw { meta, cached })
     }
 }
 
-impl<'de> serde::Deserialize<'de> for RawMeta {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        RawObject::deserialize(d).map(RawMeta)
-    }
-}
-
-impl kube::Resource for RawObject {
+impl<const META: bool> kube::Resource for Raw<META> {
     type DynamicType = ApiResource;
     type Scope = DynamicResourceScope;
 
+    fn metadata_api() -> bool {
+        META
+    }
     fn kind(dt: &ApiResource) -> Cow<'_, str> {
         Cow::Borrowed(&dt.kind)
     }
@@ -399,35 +392,5 @@ impl kube::Resource for RawObject {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.meta
-    }
-}
-
-impl kube::Resource for RawMeta {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
-
-    fn metadata_api() -> bool {
-        true
-    }
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        Cow::Borrowed(&dt.kind)
-    }
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        Cow::Borrowed(&dt.group)
-    }
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        Cow::Borrowed(&dt.version)
-    }
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        Cow::Borrowed(&dt.api_version)
-    }
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        Cow::Borrowed(&dt.plural)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.0.meta
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.0.meta
     }
 }

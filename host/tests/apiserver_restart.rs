@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -71,21 +70,7 @@ async fn plugins_converge_across_an_apiserver_restart() -> Result<()> {
         "every object reconciled to its final value",
         Duration::from_secs(90),
         || async {
-            let list = cms.list(&ListParams::default()).await?;
-            let annotated: BTreeMap<String, String> = list
-                .items
-                .iter()
-                .filter_map(|c| {
-                    Some((
-                        c.metadata.name.clone()?,
-                        c.metadata
-                            .annotations
-                            .as_ref()?
-                            .get("wcm.test/reconciled")?
-                            .clone(),
-                    ))
-                })
-                .collect();
+            let annotated = reconciled_annotations(&cms).await?;
             let ok = (5..OBJECTS)
                 .all(|i| annotated.get(&format!("cm-{i}")) == Some(&format!("final-{i}")));
             Ok(ok.then_some(()))

@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use wasm_controller_manager::app::Manager;
 use wasm_controller_manager::plugins::FileStatus;
 
@@ -60,21 +59,7 @@ fn replace_atomically(dir: &Path, file: &str, bytes: &[u8]) -> Result<()> {
 }
 
 async fn all_reconciled(cms: &Api<ConfigMap>, names: &[String]) -> Result<Option<()>> {
-    let list = cms.list(&ListParams::default()).await?;
-    let done: BTreeMap<String, String> = list
-        .items
-        .iter()
-        .filter_map(|c| {
-            Some((
-                c.metadata.name.clone()?,
-                c.metadata
-                    .annotations
-                    .as_ref()?
-                    .get("wcm.test/reconciled")?
-                    .clone(),
-            ))
-        })
-        .collect();
+    let done = reconciled_annotations(cms).await?;
     Ok(names
         .iter()
         .all(|n| done.get(n).is_some_and(|v| v == n))
@@ -121,6 +106,12 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
         )
         .await?;
     }
+    // A component of another world (a command, no reconciler export).
+    install(&dir, "not-a-plugin", "other-world.wasm")?;
+    wait_status(&manager, "other-world", "refused as another world", |s| {
+        matches!(s, FileStatus::Refused { error } if error.contains("not a plugin of world wcm:reconciler/plugin"))
+    })
+    .await?;
     // A plugin whose settings are wrong.
     install(&dir, "well-behaved", "badsettings.wasm")?;
     std::fs::write(dir.join("badsettings.toml"), "workers = \"many\"\n")?;

@@ -151,3 +151,24 @@ where
 pub fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
     testenv::sum_metric(&m.metrics.encode(), name, labels)
 }
+
+/// `wcm.test/reconciled` annotations (set by the well-behaved test plugin) by ConfigMap name.
+pub async fn reconciled_annotations(
+    cms: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let list = cms.list(&kube::api::ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|c| {
+            Some((
+                c.metadata.name.clone()?,
+                c.metadata
+                    .annotations
+                    .as_ref()?
+                    .get("wcm.test/reconciled")?
+                    .clone(),
+            ))
+        })
+        .collect())
+}
