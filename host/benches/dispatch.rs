@@ -118,6 +118,19 @@ fn main() {
             assert!(matches!(r, Ok(Ok(_))), "reconcile failed: {r:?}");
         }
     });
+    // The same with a warm instance per worker (isolation = "worker"), for comparison.
+    let mut warm_times = Vec::with_capacity(iterations);
+    rt.block_on(async {
+        let mut slot = None;
+        for _ in 0..iterations {
+            let t = Instant::now();
+            let r = runtime
+                .reconcile_warm(&compiled, services.clone(), &limits, &req, &mut slot)
+                .await;
+            warm_times.push(t.elapsed());
+            assert!(matches!(r, Ok(Ok(_))), "reconcile failed: {r:?}");
+        }
+    });
     // Instantiation alone.
     let mut inst = Vec::with_capacity(iterations);
     rt.block_on(async {
@@ -132,6 +145,7 @@ fn main() {
     let (n50, n99) = percentiles(native);
     let (w50, w99) = percentiles(wasm);
     let (i50, i99) = percentiles(inst);
+    let (h50, h99) = percentiles(warm_times);
 
     // Marginal memory of loaded, idle plugins (compiled + linked, from the precompiled cache).
     let pod_counter = std::fs::read(artifact("pod_counter")).unwrap_or_else(|_| typed.clone());
@@ -168,6 +182,15 @@ fn main() {
     println!(
         "| ratio wasm / native (p50) | {:.2}× | |",
         w50.as_secs_f64() / n50.as_secs_f64()
+    );
+    println!(
+        "| wasm dispatch, typed guest, warm instance per worker (opt-in) | {} | {} |",
+        us(h50),
+        us(h99)
+    );
+    println!(
+        "| ratio warm / native (p50) | {:.2}× | |",
+        h50.as_secs_f64() / n50.as_secs_f64()
     );
     println!(
         "| instantiate from InstancePre | {} | {} |",

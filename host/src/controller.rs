@@ -19,9 +19,10 @@ use crate::queue::WorkQueue;
 use crate::rate_limit::{RateLimiter, RateLimits};
 use crate::sandbox::{
     Action, CallError, Compiled, Description, KindRef, Limits, Mapping, ObjectKey, Request,
-    Runtime, Watch,
+    Runtime, Warm, Watch,
 };
 use crate::services::{KindKey, PluginCache, Services};
+use crate::settings::Isolation;
 
 /// A loaded version of a plugin: the compiled component, what it declared, its services and limits.
 pub struct Version {
@@ -29,6 +30,17 @@ pub struct Version {
     pub description: Description,
     pub services: Arc<Services>,
     pub limits: Limits,
+    pub isolation: Isolation,
+    /// Unique per loaded version (a warm instance belongs to one version).
+    pub id: u64,
+}
+
+impl Version {
+    /// A fresh, process-unique version id.
+    pub fn next_id() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// How a watch's events become primary keys.
@@ -309,15 +321,17 @@ struct Worker {
 
 impl Worker {
     async fn run(self) {
+        // The warm instance (isolation = "worker") and the version it belongs to.
+        let mut warm: (Option<Warm>, u64) = (None, 0);
         while let Some(key) = self.queue.get().await {
             self.metrics.active_workers(&self.name, 1);
-            self.process(&key).await;
+            self.process(&key, &mut warm).await;
             self.metrics.active_workers(&self.name, -1);
             self.queue.done(&key);
         }
     }
 
-    async fn process(&self, key: &Key) {
+    async fn process(&self, key: &Key, warm: &mut (Option<Warm>, u64)) {
         let object = self.store.get(key);
         let req = Request {
             key: ObjectKey {
@@ -331,10 +345,28 @@ impl Worker {
         let guard = self.version.read().await;
         let v = guard.clone();
         let started = Instant::now();
-        let result = self
-            .runtime
-            .reconcile(&v.compiled, v.services.clone(), &v.limits, &req)
-            .await;
+        let result = match v.isolation {
+            Isolation::Call => {
+                self.runtime
+                    .reconcile(&v.compiled, v.services.clone(), &v.limits, &req)
+                    .await
+            }
+            Isolation::Worker => {
+                // A new version never reuses the old version's instance.
+                if warm.1 != v.id {
+                    *warm = (None, v.id);
+                }
+                self.runtime
+                    .reconcile_warm(
+                        &v.compiled,
+                        v.services.clone(),
+                        &v.limits,
+                        &req,
+                        &mut warm.0,
+                    )
+                    .await
+            }
+        };
         drop(guard);
         let took = started.elapsed();
         match result {

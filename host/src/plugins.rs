@@ -387,6 +387,8 @@ impl PluginManager {
             description,
             services,
             limits,
+            isolation: settings.isolation.unwrap_or_default(),
+            id: Version::next_id(),
         };
         let same_shape = previous
             .as_ref()

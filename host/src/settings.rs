@@ -24,6 +24,10 @@ pub struct PluginSettings {
     pub cpu_deadline_ms: Option<u64>,
     /// Linear memory cap, MiB.
     pub memory_mb: Option<u32>,
+    /// `"call"` (default): a fresh instance for every reconcile, nothing carried over between keys.
+    /// `"worker"`: each worker keeps one instance across calls (faster; for plugins that keep no
+    /// state), replaced after any failure.
+    pub isolation: Option<Isolation>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -67,6 +71,15 @@ impl PluginSettings {
     }
 }
 
+/// How calls of one plugin are isolated from each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    #[default]
+    Call,
+    Worker,
+}
+
 /// `namespace/name/key` of a Secret's data entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretRef {
@@ -105,6 +118,7 @@ mod tests {
             resync_seconds = 30
             cpu_deadline_ms = 250
             memory_mb = 32
+            isolation = "worker"
             allowed_hosts = ["neutron:9696"]
             [config]
             label-key = "example.com/pods"
@@ -115,6 +129,7 @@ mod tests {
         .expect("valid");
         assert!(s.enabled());
         assert_eq!(s.workers, Some(3));
+        assert_eq!(s.isolation, Some(Isolation::Worker));
         assert_eq!(
             s.config.get("label-key").map(String::as_str),
             Some("example.com/pods")
@@ -132,5 +147,6 @@ mod tests {
         assert!(e.contains("secrets.pw"), "{e}");
         assert!(PluginSettings::parse("workers = 0").is_err());
         assert!(PluginSettings::parse("workers = \"two\"").is_err());
+        assert!(PluginSettings::parse("isolation = \"none\"").is_err());
     }
 }

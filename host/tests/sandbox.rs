@@ -49,9 +49,17 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
     ] {
         install(&dir, p, &format!("{p}.wasm"))?;
     }
+    // The same two again with a warm instance per worker: a trap must drop that instance too.
+    for p in ["well-behaved", "panicker"] {
+        std::fs::write(
+            dir.join(format!("{p}-warm.toml")),
+            format!("name = \"{p}-warm\"\nisolation = \"worker\"\n"),
+        )?;
+        install(&dir, p, &format!("{p}-warm.wasm"))?;
+    }
     let manager = start_manager(test_config(&dir)).await?;
     let status = manager.plugins.status().await;
-    assert_eq!(status.len(), 6, "{status:?}");
+    assert_eq!(status.len(), 8, "{status:?}");
     assert!(
         status.values().all(|s| matches!(
             s,
@@ -85,6 +93,7 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
 
     // Each misbehaving plugin fails in its own way, at least twice (the key is retried).
     for (plugin, reason) in [
+        ("panicker-warm", "trap"),
         ("infinite-loop", "deadline"),
         ("memory-bomb", "memory"),
         ("panicker", "trap"),
@@ -150,6 +159,16 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
     );
     assert!(keys >= 1.0);
 
+    // The warm well-behaved instance reconciled many keys through one instance per worker.
+    let warm_ok = metric(
+        &manager,
+        "controller_runtime_reconcile_total",
+        &[("controller", "well-behaved-warm"), ("result", "success")],
+    );
+    assert!(
+        warm_ok >= 2.0,
+        "well-behaved-warm reconciled {warm_ok} times"
+    );
     // The host and the well-behaved plugin still work after all of that.
     cms.create(&PostParams::default(), &cm("c2", "after"))
         .await?;

@@ -56,6 +56,8 @@ pub struct CallCtx {
     pub(crate) broken: Option<String>,
     stdout: MemoryOutputPipe,
     stderr: MemoryOutputPipe,
+    /// Output bytes already written to the log (a reused instance keeps its pipes).
+    logged: [usize; 2],
 }
 
 impl CallCtx {
@@ -90,7 +92,21 @@ impl CallCtx {
             broken: None,
             stdout,
             stderr,
+            logged: [0, 0],
         }
+    }
+
+    /// Resets the per-call accounting before a call into a reused instance.
+    pub(crate) fn begin_call(&mut self) {
+        self.started = Instant::now();
+        self.host_time = Duration::ZERO;
+        self.host_calls = 0;
+        self.broken = None;
+    }
+
+    /// Bytes the guest has printed in this store's life.
+    pub(crate) fn output_len(&self) -> usize {
+        self.stdout.contents().len() + self.stderr.contents().len()
     }
 
     pub(crate) fn store_limits(&mut self) -> &mut StoreLimits {
@@ -132,7 +148,8 @@ impl CallCtx {
 
     /// The panic message, if the guest printed one to stderr.
     pub(crate) fn panic_message(&self) -> Option<String> {
-        let err = String::from_utf8_lossy(&self.stderr.contents()).into_owned();
+        let all = self.stderr.contents();
+        let err = String::from_utf8_lossy(all.get(self.logged[1]..).unwrap_or(&all)).into_owned();
         let line = err.lines().find(|l| l.contains("panicked at"))?;
         let idx = err.find(line)?;
         let rest: Vec<&str> = err[idx..].lines().take(2).collect();
@@ -140,13 +157,18 @@ impl CallCtx {
     }
 
     /// Writes what the guest printed to the host log under the plugin's name.
-    pub(crate) fn flush_output(&self, plugin: &str) {
-        for (stream, pipe) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            let bytes = pipe.contents();
+    pub(crate) fn flush_output(&mut self, plugin: &str) {
+        for (i, (stream, pipe)) in [("stdout", &self.stdout), ("stderr", &self.stderr)]
+            .into_iter()
+            .enumerate()
+        {
+            let all = pipe.contents();
+            let bytes = all.get(self.logged[i]..).unwrap_or_default();
+            self.logged[i] = all.len();
             if bytes.is_empty() {
                 continue;
             }
-            for line in String::from_utf8_lossy(&bytes)
+            for line in String::from_utf8_lossy(bytes)
                 .lines()
                 .filter(|l| !l.trim().is_empty())
             {

@@ -275,15 +275,59 @@ impl Runtime {
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
 
-        let ctx = store.data();
-        ctx.flush_output(&plugin_name);
-        match (&result, ctx.limit_broken()) {
-            (Err(_), Some(why)) => Err(CallError::Limit(why.to_string())),
-            (Err(CallError::Trap(t)), None) => {
-                Err(CallError::Trap(with_panic_message(t, ctx.panic_message())))
+        finish(&mut store, &plugin_name, result)
+    }
+
+    /// Calls `reconcile` in the worker's warm instance, making one if there is none (opt-in
+    /// `isolation = "worker"`): state may carry over between keys of one worker, so this is only
+    /// for plugins that keep none. Any failure drops the instance; the next call starts fresh.
+    pub async fn reconcile_warm(
+        &self,
+        compiled: &Compiled,
+        services: Arc<Services>,
+        limits: &Limits,
+        req: &Request,
+        slot: &mut Option<Warm>,
+    ) -> Result<Result<Action, ReconcileError>, CallError> {
+        let plugin_name = services.plugin_name().to_string();
+        let mut warm = match slot.take() {
+            Some(w) => w,
+            None => {
+                let mut store = self.new_store(services, limits);
+                let plugin = compiled
+                    .pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+                Warm {
+                    store,
+                    plugin,
+                    calls: 0,
+                }
             }
-            _ => result,
+        };
+        warm.store.data_mut().begin_call();
+        let ticks = (limits.cpu_deadline.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64;
+        warm.store.set_epoch_deadline(ticks);
+        let wall = limits.wall_timeout;
+        let result = tokio::time::timeout(wall, async {
+            warm.plugin
+                .wcm_reconciler_reconciler()
+                .call_reconcile(&mut warm.store, req)
+                .await
+                .map_err(|e| classify(e, limits))
+        })
+        .await
+        .unwrap_or(Err(CallError::WallTimeout(wall)));
+        let result = finish(&mut warm.store, &plugin_name, result);
+        warm.calls += 1;
+        // Recycle now and then: bounded output buffers, and no heap grown without bound.
+        let recycle =
+            warm.calls >= MAX_WARM_CALLS || warm.store.data().output_len() > limits.max_output / 2;
+        if result.is_ok() && !recycle {
+            *slot = Some(warm);
         }
+        result
     }
 }
 
@@ -291,6 +335,36 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// Logs the guest's output and turns a failure into the most telling error.
+fn finish<R>(
+    store: &mut Store<CallCtx>,
+    plugin: &str,
+    result: Result<R, CallError>,
+) -> Result<R, CallError> {
+    let ctx = store.data_mut();
+    let panic = if matches!(result, Err(CallError::Trap(_))) {
+        ctx.panic_message()
+    } else {
+        None
+    };
+    ctx.flush_output(plugin);
+    match (&result, ctx.limit_broken()) {
+        (Err(_), Some(why)) => Err(CallError::Limit(why.to_string())),
+        (Err(CallError::Trap(t)), None) => Err(CallError::Trap(with_panic_message(t, panic))),
+        _ => result,
+    }
+}
+
+/// Calls a warm instance serves before it is replaced by a fresh one.
+const MAX_WARM_CALLS: u32 = 10_000;
+
+/// A worker's instance kept between calls (`isolation = "worker"`).
+pub struct Warm {
+    store: Store<CallCtx>,
+    plugin: bindings::Plugin,
+    calls: u32,
 }
 
 fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {
