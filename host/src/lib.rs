@@ -14,6 +14,6 @@ pub mod plugins;
 pub mod queue;
 pub mod rate_limit;
 pub mod sandbox;
-pub mod selector;
+pub use wcm_selector as selector;
 pub mod services;
 pub mod settings;

@@ -1,5 +1,8 @@
-//! Label selectors in the API server's syntax, for cache reads: `a=b`, `a==b`, `a!=b`,
-//! `a in (x,y)`, `a notin (x)`, `a`, `!a`, joined by commas.
+//! Label selectors in the API server's syntax: `a=b`, `a==b`, `a!=b`, `a in (x,y)`,
+//! `a notin (x)`, `a`, `!a`, joined by commas.
+//!
+//! One implementation for the host's cache reads and the SDK's in-memory test host, so a plugin
+//! tested offline selects exactly what it will select when it runs.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +23,7 @@ pub struct Selector {
 }
 
 impl Selector {
+    /// Parses a selector; the error names the requirement that is not valid.
     pub fn parse(text: &str) -> Result<Selector, String> {
         let mut reqs = Vec::new();
         for part in split_top_level(text) {
@@ -34,14 +38,20 @@ impl Selector {
         Ok(Selector { reqs })
     }
 
+    /// Whether a label map matches.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.matches_with(|k| labels.get(k).map(String::as_str))
+    }
+
+    /// Whether the labels that `label` looks up match (for label sets held in other forms).
+    pub fn matches_with<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.reqs.iter().all(|r| match r {
-            Req::Eq(k, v) => labels.get(k) == Some(v),
-            Req::NotEq(k, v) => labels.get(k) != Some(v),
-            Req::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
-            Req::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
-            Req::Exists(k) => labels.contains_key(k),
-            Req::NotExists(k) => !labels.contains_key(k),
+            Req::Eq(k, v) => label(k) == Some(v.as_str()),
+            Req::NotEq(k, v) => label(k) != Some(v.as_str()),
+            Req::In(k, vs) => label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+            Req::NotIn(k, vs) => label(k).is_none_or(|l| !vs.iter().any(|v| v == l)),
+            Req::Exists(k) => label(k).is_some(),
+            Req::NotExists(k) => label(k).is_none(),
         })
     }
 }
