@@ -343,7 +343,7 @@ impl PluginManager {
         let mut running = self.running.lock().await;
         let previous = running.remove(stem);
         // Hosts: what the plugin declared and the operator allowed (globally or for this plugin).
-        let _allowed_hosts: Vec<String> = description
+        let allowed_hosts: Vec<String> = description
             .outbound_hosts
             .iter()
             .filter(|h| {
@@ -379,6 +379,7 @@ impl PluginManager {
             settings.config.clone(),
             secrets,
             self.parts.metrics.clone(),
+            allowed_hosts,
         ));
         let name = description.name.clone();
         let sha = compiled.sha256.clone();

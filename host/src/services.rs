@@ -69,6 +69,8 @@ pub struct Services {
     pub(crate) config: BTreeMap<String, String>,
     pub(crate) secrets: BTreeMap<String, String>,
     pub(crate) metrics: Option<Arc<Metrics>>,
+    /// Hosts for outbound HTTP: declared by the plugin and allowed by the operator.
+    pub(crate) allowed_hosts: Arc<[String]>,
 }
 
 impl Services {
@@ -82,6 +84,7 @@ impl Services {
             config,
             secrets: BTreeMap::new(),
             metrics: None,
+            allowed_hosts: Arc::from(Vec::new()),
         }
     }
 
@@ -95,6 +98,7 @@ impl Services {
         config: BTreeMap<String, String>,
         secrets: BTreeMap<String, String>,
         metrics: Arc<Metrics>,
+        allowed_hosts: Vec<String>,
     ) -> Self {
         Services {
             plugin: plugin.into(),
@@ -105,6 +109,7 @@ impl Services {
             config,
             secrets,
             metrics: Some(metrics),
+            allowed_hosts: allowed_hosts.into(),
         }
     }
 

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::http::HttpPolicy;
 
 use crate::services::Services;
 
@@ -58,10 +61,17 @@ pub struct CallCtx {
     stderr: MemoryOutputPipe,
     /// Output bytes already written to the log (a reused instance keeps its pipes).
     logged: [usize; 2],
+    http: WasiHttpCtx,
+    http_policy: HttpPolicy,
 }
 
 impl CallCtx {
     pub fn new(services: Arc<Services>, limits: &Limits) -> Self {
+        let http_policy = HttpPolicy {
+            plugin: services.plugin_name().into(),
+            allowed: services.allowed_hosts.clone(),
+            metrics: services.metrics.clone(),
+        };
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
         // Nothing ambient: no preopened directories, no environment, no network, no args.
@@ -93,6 +103,8 @@ impl CallCtx {
             stdout,
             stderr,
             logged: [0, 0],
+            http: WasiHttpCtx::new(),
+            http_policy,
         }
     }
 
@@ -174,6 +186,16 @@ impl CallCtx {
             {
                 tracing::info!(plugin, stream, "{line}");
             }
+        }
+    }
+}
+
+impl WasiHttpView for CallCtx {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_policy,
         }
     }
 }

@@ -9,6 +9,7 @@ mod bindings;
 mod call_ctx;
 mod compile_cache;
 mod host_calls;
+mod http;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -118,6 +119,9 @@ impl Runtime {
         let mut linker = Linker::<CallCtx>::new(&engine);
         // WASI with nothing granted: no files, no environment, no sockets. Rust's wasip2 std imports
         // these interfaces even when the plugin never uses them.
+        // Outbound HTTP, checked against each plugin's allow-list (sandbox/http.rs).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("link wasi:http: {e:#}"))?;
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("link WASI: {e:#}"))?;
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)

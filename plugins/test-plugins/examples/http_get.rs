@@ -1,0 +1,89 @@
+//! `http-get`: for each ConfigMap labelled `wcm.test/http`, GETs `data.url` over `wasi:http` and
+//! records the outcome in the annotation named by the config key `annotation`: the status code, or
+//! `error: …` (e.g. when the host refuses a host that is not declared and allowed). Declares the
+//! outbound host `127.0.0.1`.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::json;
+use wcm_sdk::{Action, Context, Description, Error, Patch, Permission, Reconciler, Request, Watch};
+
+struct HttpGet;
+
+impl Reconciler for HttpGet {
+    fn describe() -> Description {
+        Description::new("http-get", test_plugins::VERSION)
+            .primary(Watch::of::<ConfigMap>().label_selector("wcm.test/http"))
+            .permission(Permission::of::<ConfigMap>(&["get", "patch"]))
+            .outbound_host("127.0.0.1")
+            .config_key("annotation")
+    }
+
+    fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
+        let Some(cm) = req.object::<ConfigMap>()? else {
+            return Ok(Action::done());
+        };
+        let annotation = ctx
+            .config("annotation")
+            .unwrap_or_else(|| "wcm.test/http-status".into());
+        let url = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("url"))
+            .cloned()
+            .unwrap_or_default();
+        let outcome = match get(&url) {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        let current = cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&annotation));
+        if current != Some(&outcome) {
+            let api = ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default());
+            api.patch(
+                req.name(),
+                &Patch::Merge(json!({"metadata": {"annotations": {annotation: outcome}}})),
+            )?;
+        }
+        Ok(Action::done())
+    }
+}
+
+/// GET `url` (http://host:port/path); the response status.
+#[cfg(target_arch = "wasm32")]
+fn get(url: &str) -> Result<u16, String> {
+    use wasip2::http::outgoing_handler::handle;
+    use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
+
+    let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let request = OutgoingRequest::new(Fields::new());
+    request
+        .set_scheme(Some(&Scheme::Http))
+        .map_err(|_| "scheme")?;
+    request
+        .set_authority(Some(authority))
+        .map_err(|_| "authority")?;
+    request
+        .set_path_with_query(Some(&path))
+        .map_err(|_| "path")?;
+    let pending = handle(request, None).map_err(|e| format!("{e:?}"))?;
+    pending.subscribe().block();
+    let response = pending
+        .get()
+        .ok_or("no response")?
+        .map_err(|_| "response taken")?
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(response.status())
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn get(_url: &str) -> Result<u16, String> {
+    Err("outbound HTTP exists only in the wasm build".into())
+}
+
+wcm_sdk::export_plugin!(HttpGet);
