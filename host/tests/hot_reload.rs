@@ -112,6 +112,12 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
         matches!(s, FileStatus::Refused { error } if error.contains("not a plugin of world wcm:reconciler/plugin"))
     })
     .await?;
+    // A plugin whose describe traps.
+    install(&dir, "describe-panics", "describe-panics.wasm")?;
+    wait_status(&manager, "describe-panics", "refused: describe failed", |s| {
+        matches!(s, FileStatus::Refused { error } if error.contains("describe failed") && error.contains("deliberate panic in describe"))
+    })
+    .await?;
     // A plugin whose settings are wrong.
     install(&dir, "well-behaved", "badsettings.wasm")?;
     std::fs::write(dir.join("badsettings.toml"), "workers = \"many\"\n")?;

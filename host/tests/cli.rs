@@ -1,0 +1,67 @@
+//! The command line: `inspect` reports what a real plugin declares, and refuses bad files with a
+//! clear message and a non-zero exit.
+
+mod common;
+
+use std::process::Command;
+
+use anyhow::Result;
+
+fn inspect(path: &std::path::Path, json: bool) -> Result<std::process::Output> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"));
+    cmd.arg("inspect").arg(path);
+    if json {
+        cmd.arg("--json");
+    }
+    Ok(cmd.output()?)
+}
+
+#[test]
+fn inspect_prints_the_declaration() -> Result<()> {
+    let out = inspect(&common::plugin("pod_counter")?, false)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("pod-counter"), "{text}");
+    assert!(text.contains("v1/Node (metadata only)"), "{text}");
+    assert!(text.contains("fixed-key pod-count"), "{text}");
+    assert!(text.contains("get,patch nodes (core)"), "{text}");
+    assert!(
+        text.contains("import        wcm:reconciler/cache@0.1.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("export        wcm:reconciler/reconciler@0.1.0"),
+        "{text}"
+    );
+
+    let out = inspect(&common::plugin("http-get")?, true)?;
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(v["name"], "http-get");
+    assert_eq!(v["outboundHosts"][0], "127.0.0.1");
+    assert!(v["sizeBytes"].as_u64().is_some_and(|n| n > 0));
+    Ok(())
+}
+
+#[test]
+fn inspect_refuses_bad_files_clearly() -> Result<()> {
+    let dir = common::temp_dir("cli")?;
+    let junk = dir.join("junk.wasm");
+    std::fs::write(&junk, b"not wasm at all")?;
+    for (path, needle) in [
+        (junk.clone(), "not a WebAssembly file"),
+        (dir.join("missing.wasm"), "read"),
+        (common::plugin("not-a-plugin")?, "not a plugin of world"),
+        (common::plugin("describe-panics")?, "describe failed"),
+    ] {
+        let out = inspect(&path, false)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{} was accepted", path.display());
+        assert!(err.contains(needle), "{}: {err}", path.display());
+    }
+    Ok(())
+}
