@@ -14,10 +14,10 @@ use axum::routing::get;
 use crate::controller::ControllerParts;
 use crate::events::{self, EventSettings};
 use crate::informer::Informers;
-use crate::kubeapi::{ApiAccess, ApiRateLimit};
+use crate::kubeapi::ApiAccess;
 use crate::metrics::Metrics;
 use crate::plugins::{DirSettings, FileStatus, PluginManager};
-use crate::rate_limit::RateLimits;
+use crate::rate_limit::{RateLimits, TokenBucket};
 use crate::sandbox::{Limits, Runtime, RuntimeSettings};
 
 /// Everything `run` needs, as parsed from the command line.
@@ -86,7 +86,8 @@ impl Manager {
         let informers = Arc::new(Informers::new(client.clone(), metrics.clone()));
         let api = ApiAccess::new(
             client.clone(),
-            Arc::new(ApiRateLimit::new(cfg.kube_qps, cfg.kube_burst)),
+            // One token bucket for every API call of every plugin (client-go's QPS and burst).
+            Arc::new(TokenBucket::new(cfg.kube_qps, cfg.kube_burst)),
             cfg.api_timeout,
         );
         let events = events::start(

@@ -244,7 +244,7 @@ struct Writer {
 impl Writer {
     async fn run(self) {
         let s = &self.shared;
-        let limiter = crate::kubeapi::ApiRateLimit::new(s.settings.qps, s.settings.burst);
+        let limiter = crate::rate_limit::TokenBucket::new(s.settings.qps, s.settings.burst);
         let period = Duration::from_secs(5).min(s.settings.series_idle);
         let mut last_housekeeping = Instant::now();
         loop {

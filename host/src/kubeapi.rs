@@ -10,8 +10,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{self, Scope};
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
+use crate::rate_limit::TokenBucket;
 use crate::sandbox::{KindRef, PatchType};
 
 /// What an API call does.
@@ -126,55 +126,17 @@ pub struct Resolved {
     pub namespaced: bool,
 }
 
-/// A token bucket shared by every API call of every plugin (client-go's QPS and burst).
-pub struct ApiRateLimit {
-    qps: f64,
-    burst: f64,
-    state: Mutex<(f64, Instant)>,
-}
-
-impl ApiRateLimit {
-    pub fn new(qps: f64, burst: u32) -> Self {
-        ApiRateLimit {
-            qps,
-            burst: f64::from(burst.max(1)),
-            state: Mutex::new((f64::from(burst.max(1)), Instant::now())),
-        }
-    }
-
-    pub async fn acquire(&self) {
-        if self.qps <= 0.0 {
-            return;
-        }
-        let wait = {
-            let mut s = self.state.lock().await;
-            let now = Instant::now();
-            s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.qps).min(self.burst);
-            s.1 = now;
-            s.0 -= 1.0;
-            if s.0 >= 0.0 {
-                Duration::ZERO
-            } else {
-                Duration::from_secs_f64(-s.0 / self.qps)
-            }
-        };
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
-}
-
 /// The shared API client of the host.
 #[derive(Clone)]
 pub struct ApiAccess {
     client: kube::Client,
     kinds: Arc<Mutex<HashMap<crate::services::KindKey, Resolved>>>,
-    limit: Arc<ApiRateLimit>,
+    limit: Arc<TokenBucket>,
     timeout: Duration,
 }
 
 impl ApiAccess {
-    pub fn new(client: kube::Client, limit: Arc<ApiRateLimit>, timeout: Duration) -> Self {
+    pub fn new(client: kube::Client, limit: Arc<TokenBucket>, timeout: Duration) -> Self {
         ApiAccess {
             client,
             kinds: Arc::default(),

@@ -30,15 +30,54 @@ impl Default for RateLimits {
     }
 }
 
-struct Bucket {
-    tokens: f64,
-    last: Instant,
+/// A token bucket that reserves: each call takes a token and returns how long to wait until that
+/// token exists (golang.org/x/time/rate's `Reserve`). `qps <= 0` means no limit.
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    pub fn new(qps: f64, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            qps,
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// Takes one token; the delay before it may be used.
+    pub fn reserve(&self) -> Duration {
+        if self.qps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.qps).min(self.burst);
+        s.1 = now;
+        s.0 -= 1.0;
+        if s.0 >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-s.0 / self.qps)
+        }
+    }
+
+    /// Takes one token and waits until it may be used.
+    pub async fn acquire(&self) {
+        let wait = self.reserve();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
 }
 
 pub struct RateLimiter<K> {
     limits: RateLimits,
     failures: Mutex<HashMap<K, u32>>,
-    bucket: Mutex<Bucket>,
+    bucket: TokenBucket,
 }
 
 impl<K: Eq + Hash + Clone> RateLimiter<K> {
@@ -46,10 +85,7 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
         RateLimiter {
             limits,
             failures: Mutex::new(HashMap::new()),
-            bucket: Mutex::new(Bucket {
-                tokens: f64::from(limits.burst),
-                last: Instant::now(),
-            }),
+            bucket: TokenBucket::new(limits.qps, limits.burst),
         }
     }
 
@@ -62,7 +98,7 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
             *n = n.saturating_add(1);
             backoff(self.limits.base_delay, self.limits.max_delay, exp)
         };
-        per_key.max(self.bucket_delay())
+        per_key.max(self.bucket.reserve())
     }
 
     /// Failures of `key` since it was last forgotten.
@@ -80,24 +116,6 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
-    }
-
-    /// Reserves one token, like golang.org/x/time/rate's Reserve: the delay until it is available.
-    fn bucket_delay(&self) -> Duration {
-        if self.limits.qps <= 0.0 {
-            return Duration::ZERO;
-        }
-        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let refill = now.duration_since(b.last).as_secs_f64() * self.limits.qps;
-        b.tokens = (b.tokens + refill).min(f64::from(self.limits.burst));
-        b.last = now;
-        b.tokens -= 1.0;
-        if b.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-b.tokens / self.limits.qps)
-        }
     }
 }
 
