@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use wasm_controller_manager::sandbox::{Limits, ObjectKey, Request, Runtime, RuntimeSettings};
-use wasm_controller_manager::services::Services;
+use wasm_controller_manager::cluster::services::Services;
+use wasm_controller_manager::contract::{ObjectKey, Request};
+use wasm_controller_manager::sandbox::{Limits, Runtime, RuntimeSettings};
 
 const POD: &str = include_str!("fixtures/pod.json");
 

@@ -22,9 +22,13 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 use wasm_controller_manager::app::{Manager, RunConfig};
-use wasm_controller_manager::informer::{InformerKey, Informers};
+use wasm_controller_manager::cluster::discovery::Discovery;
+use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::cluster::services::BudgetSettings;
+use wasm_controller_manager::engine::informer::{InformerKey, Informers};
+use wasm_controller_manager::engine::rate_limit::RateLimits;
+use wasm_controller_manager::loading::rbac;
 use wasm_controller_manager::metrics::Metrics;
-use wasm_controller_manager::rate_limit::RateLimits;
 use wasm_controller_manager::sandbox::Limits;
 
 /// Counts live heap bytes.
@@ -161,8 +165,43 @@ fn config(dir: &std::path::Path) -> RunConfig {
         allowed_hosts: vec![],
         event_qps: 20.0,
         event_burst: 50,
+        identity: IdentitySettings::default(),
+        // The benchmark measures the engine, not the per-plugin API budget.
+        budgets: BudgetSettings {
+            api_qps: 0.0,
+            ..BudgetSettings::default()
+        },
+        max_workers_per_plugin: 16,
+        wait_retry: Duration::from_secs(1),
         rate_limits: RateLimits::default(),
     }
+}
+
+/// The host's configuration for the test cluster, after granting the plugins in `dir` the RBAC
+/// generated from their declarations.
+async fn granted(env: &testenv::TestEnv, dir: &std::path::Path) -> kube::Config {
+    let client = env.client().await.expect("client");
+    let plugins: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+        .collect();
+    let discovery = Discovery::new(client.clone(), Duration::from_secs(10));
+    let req = rbac::RbacRequest {
+        compile_cache: Some(std::env::temp_dir().join("wcm-bench-compile-cache")),
+        plugins,
+        identity: IdentitySettings::default(),
+        host_service_account: None,
+    };
+    let out = rbac::generate(&req, Some(&discovery)).await.expect("rbac");
+    rbac::apply(&client, &out.objects)
+        .await
+        .expect("apply rbac");
+    let path = env.kubeconfig_path().expect("kubeconfig");
+    let kc = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config")
 }
 
 fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -252,7 +291,7 @@ async fn run() {
     let dir = std::env::temp_dir().join(format!("wcm-bench-engine-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::copy(artifact("noop"), dir.join("noop.wasm")).expect("copy noop");
-    let manager = Manager::start(config(&dir), client.clone())
+    let manager = Manager::start(config(&dir), granted(env, &dir).await)
         .await
         .expect("manager");
     // The plugin watches all namespaces: phase 0's pods are reconciled first, outside the timing.
@@ -353,7 +392,7 @@ async fn run() {
 
     // Phase 3: latency at a steady 50 pods/s.
     let ns3 = env.namespace("bench-latency").await.expect("ns").name;
-    let manager = Manager::start(config(&dir), client.clone())
+    let manager = Manager::start(config(&dir), granted(env, &dir).await)
         .await
         .expect("manager");
     wait_until("initial reconciles", Duration::from_secs(120), || {
@@ -507,7 +546,7 @@ async fn run() {
         .items
         .len();
     let start = Instant::now();
-    let manager = Manager::start(config(&pc_dir), client.clone())
+    let manager = Manager::start(config(&pc_dir), granted(env, &pc_dir).await)
         .await
         .expect("manager");
     let mut converged = None;

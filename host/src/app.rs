@@ -6,18 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 
-use crate::controller::ControllerParts;
-use crate::events::{self, EventSettings};
-use crate::informer::Informers;
-use crate::kubeapi::ApiAccess;
+use crate::cluster::api::ApiAccess;
+use crate::cluster::events::{self, EventSettings};
+use crate::cluster::identity::IdentitySettings;
+use crate::cluster::services::BudgetSettings;
+use crate::engine::controller::ControllerParts;
+use crate::engine::informer::Informers;
+use crate::engine::rate_limit::{RateLimits, TokenBucket};
+use crate::loading::plugins::{DirSettings, PluginManager};
 use crate::metrics::Metrics;
-use crate::plugins::{DirSettings, FileStatus, PluginManager};
-use crate::rate_limit::{RateLimits, TokenBucket};
 use crate::sandbox::{Limits, Runtime, RuntimeSettings};
 
 /// Everything `run` needs, as parsed from the command line.
@@ -40,6 +38,13 @@ pub struct RunConfig {
     /// Event writes per second (all plugins) and the burst above it.
     pub event_qps: f64,
     pub event_burst: u32,
+    /// Where plugins' ServiceAccounts live, and their name prefix.
+    pub identity: IdentitySettings,
+    /// Per-plugin budgets (API calls, log lines, instances).
+    pub budgets: BudgetSettings,
+    pub max_workers_per_plugin: u32,
+    /// How often waiting plugins are tried again.
+    pub wait_retry: Duration,
 }
 
 /// A running manager (for tests and `run`).
@@ -52,30 +57,33 @@ pub struct Manager {
     pub metrics_addr: Option<SocketAddr>,
 }
 
-/// A kube client from a kubeconfig file, or the usual inference (KUBECONFIG, in-cluster).
-pub async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
-    let config = match kubeconfig {
+/// The client configuration from a kubeconfig file, or the usual inference (KUBECONFIG,
+/// in-cluster).
+pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> Result<kube::Config> {
+    match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("read kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
                 .await
-                .context("use the kubeconfig")?
+                .context("use the kubeconfig")
         }
-        None => kube::Config::infer().await.context(
-            "no kubeconfig given and none found (KUBECONFIG, ~/.kube/config, in-cluster)",
-        )?,
-    };
-    kube::Client::try_from(config).context("build the API client")
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig given and none found (KUBECONFIG, ~/.kube/config, in-cluster)"),
+    }
 }
 
 impl Manager {
-    pub async fn start(cfg: RunConfig, client: kube::Client) -> Result<Manager> {
+    /// Starts the manager with the host's own client configuration (`config`); plugins act under
+    /// identities derived from it.
+    pub async fn start(cfg: RunConfig, config: kube::Config) -> Result<Manager> {
         anyhow::ensure!(
             cfg.plugins_dir.is_dir(),
             "--plugins-dir {} is not a directory",
             cfg.plugins_dir.display()
         );
+        let client = kube::Client::try_from(config.clone()).context("build the API client")?;
         let metrics = Metrics::new();
         let runtime = Arc::new(Runtime::new(RuntimeSettings {
             compile_cache: cfg.compile_cache.clone(),
@@ -91,7 +99,6 @@ impl Manager {
             cfg.api_timeout,
         );
         let events = events::start(
-            client.clone(),
             EventSettings {
                 qps: cfg.event_qps,
                 burst: cfg.event_burst,
@@ -116,7 +123,12 @@ impl Manager {
                 default_limits: cfg.limits.clone(),
                 default_workers: cfg.default_workers,
                 allowed_hosts: cfg.allowed_hosts.clone(),
+                wait_retry: cfg.wait_retry,
+                max_workers: cfg.max_workers_per_plugin,
+                budgets: cfg.budgets,
+                identity: cfg.identity.clone(),
             },
+            config,
         );
         // The first scan happens before start returns, so a caller sees the plugins that were there.
         plugins.rescan().await;
@@ -128,7 +140,8 @@ impl Manager {
         });
         let (http_task, metrics_addr) = match cfg.metrics_addr {
             Some(addr) => {
-                let (task, bound) = serve_http(addr, metrics.clone(), plugins.clone()).await?;
+                let (task, bound) =
+                    crate::serving::serve(addr, metrics.clone(), plugins.clone()).await?;
                 (Some(task), Some(bound))
             }
             None => (None, None),
@@ -152,84 +165,16 @@ impl Manager {
     }
 }
 
-#[derive(Clone)]
-struct HttpState {
-    metrics: Arc<Metrics>,
-    plugins: Arc<PluginManager>,
-}
-
-async fn serve_http(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    plugins: Arc<PluginManager>,
-) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(s): State<HttpState>| async move { s.metrics.encode() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/plugins", get(plugins_status))
-        .with_state(HttpState { metrics, plugins });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listen on {addr} (--metrics-addr)"))?;
-    let bound = listener.local_addr()?;
-    tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /plugins");
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("metrics server ended: {e}");
-        }
-    });
-    Ok((task, bound))
-}
-
-/// Ready once the first scan is done: every plugin that loads has synced its informers.
-async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
-    let status = s.plugins.status().await;
-    let running = status
-        .values()
-        .filter(|s| matches!(s, FileStatus::Running { .. }))
-        .count();
-    (StatusCode::OK, format!("ok: {running} plugins running\n"))
-}
-
-async fn plugins_status(State(s): State<HttpState>) -> String {
-    let mut out = String::new();
-    for (file, st) in s.plugins.status().await {
-        let line = match st {
-            FileStatus::Running {
-                plugin,
-                sha256,
-                update_refused: None,
-            } => {
-                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\n")
-            }
-            FileStatus::Running {
-                plugin,
-                sha256,
-                update_refused: Some(e),
-            } => {
-                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\tupdate refused: {e}\n")
-            }
-            FileStatus::Disabled { plugin } => format!("{file}.wasm\tdisabled\t{plugin}\n"),
-            FileStatus::Refused { error } => format!("{file}.wasm\trefused\t{error}\n"),
-        };
-        out.push_str(&line);
-    }
-    out
-}
-
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(cfg: RunConfig) -> Result<()> {
-    let client = kube_client(cfg.kubeconfig.as_ref()).await?;
+    let config = kube_config(cfg.kubeconfig.as_ref()).await?;
+    let client = kube::Client::try_from(config.clone()).context("build the API client")?;
     let version = client
         .apiserver_version()
         .await
         .context("reach the API server")?;
     tracing::info!(server = %version.git_version, plugins_dir = %cfg.plugins_dir.display(), "connected");
-    let manager = Manager::start(cfg, client).await?;
+    let manager = Manager::start(cfg, config).await?;
     shutdown_signal().await;
     tracing::info!("shutting down: waiting for in-flight reconciles");
     manager.stop().await;

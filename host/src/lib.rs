@@ -1,19 +1,20 @@
 //! wasm-controller-manager: a Kubernetes controller manager whose reconcilers are sandboxed
-//! WebAssembly components. See docs/architecture.md for the five parts and how they connect.
+//! WebAssembly components. See docs/architecture.md for the stages and how they connect:
+//!
+//! - `contract`: the WIT types every stage shares, and the validation of guest values;
+//! - `loading`: the plugins directory, settings, `inspect`;
+//! - `engine`: informers, caches, work queues, controllers;
+//! - `sandbox`: the wasmtime runtime and the host functions;
+//! - `cluster`: API calls, identities, permissions, events on a plugin's behalf;
+//! - `serving`: `/metrics`, `/healthz`, `/readyz`, `/plugins`;
+//! - `app`: wires them together for `run`.
 
 pub mod app;
-pub mod cache;
-pub mod controller;
-pub mod events;
-pub mod informer;
-pub mod inspect;
-pub mod kubeapi;
+pub mod cluster;
+pub mod contract;
+pub mod engine;
+pub mod loading;
 pub mod metrics;
-pub mod permissions;
-pub mod plugins;
-pub mod queue;
-pub mod rate_limit;
 pub mod sandbox;
+pub mod serving;
 pub use wcm_selector as selector;
-pub mod services;
-pub mod settings;

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use wasm_controller_manager::app::{self, RunConfig};
-use wasm_controller_manager::rate_limit::RateLimits;
+use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::cluster::services::BudgetSettings;
+use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::sandbox::Limits;
 
 /// A Kubernetes controller manager whose reconcilers are sandboxed WebAssembly components.
@@ -34,6 +36,92 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the RBAC (YAML) that grants each plugin exactly what it declares, and the host what
+    /// it needs to act for them: ServiceAccounts, Roles/ClusterRoles and bindings to review and
+    /// apply (`kubectl apply -f -`, or a kustomize resource). Each plugin's NAME.toml beside it is
+    /// read too (its name, config and Secrets).
+    Rbac(RbacArgs),
+}
+
+#[derive(Args)]
+struct RbacArgs {
+    /// Plugin components (.wasm).
+    #[arg(required = true)]
+    plugins: Vec<PathBuf>,
+    /// Resolve watched kinds through this cluster's discovery (exact resources and scopes);
+    /// without it kinds are pluralised, and a note says so.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace of the plugins' ServiceAccounts (as `run --plugin-identity-namespace`).
+    #[arg(
+        long,
+        env = "WCM_PLUGIN_IDENTITY_NAMESPACE",
+        default_value = "wcm-system"
+    )]
+    plugin_identity_namespace: String,
+    /// Prefix of a plugin's ServiceAccount name (as `run --plugin-identity-prefix`).
+    #[arg(
+        long,
+        env = "WCM_PLUGIN_IDENTITY_PREFIX",
+        default_value = "wcm-plugin-"
+    )]
+    plugin_identity_prefix: String,
+    /// The host's ServiceAccount as NAMESPACE/NAME, to print what it needs (watching, impersonating);
+    /// "none" prints only the plugins' objects.
+    #[arg(long, default_value = "wcm-system/wasm-controller-manager")]
+    host_service_account: String,
+    /// Apply the objects to the cluster of --kubeconfig (server-side apply) instead of printing
+    /// them: for a local cluster; review the YAML before applying it to a shared one.
+    #[arg(long, requires = "kubeconfig")]
+    apply: bool,
+    /// Cache of compiled plugins (as `run --compile-cache`).
+    #[arg(long, env = "WCM_COMPILE_CACHE")]
+    compile_cache: Option<PathBuf>,
+}
+
+impl RbacArgs {
+    async fn run(self) -> anyhow::Result<String> {
+        use wasm_controller_manager::contract::validate;
+        use wasm_controller_manager::loading::rbac::{RbacRequest, generate, render};
+        validate::namespace(&self.plugin_identity_namespace)
+            .map_err(|e| anyhow::anyhow!("--plugin-identity-namespace: {e}"))?;
+        let host_service_account = match self.host_service_account.as_str() {
+            "none" => None,
+            s => {
+                let (ns, name) = s.split_once('/').ok_or_else(|| {
+                    anyhow::anyhow!("--host-service-account {s:?} is not NAMESPACE/NAME")
+                })?;
+                validate::namespace(ns)
+                    .and_then(|_| validate::name(name))
+                    .map_err(|e| anyhow::anyhow!("--host-service-account: {e}"))?;
+                Some((ns.to_string(), name.to_string()))
+            }
+        };
+        let req = RbacRequest {
+            compile_cache: self.compile_cache,
+            plugins: self.plugins,
+            identity: IdentitySettings {
+                namespace: self.plugin_identity_namespace,
+                prefix: self.plugin_identity_prefix,
+            },
+            host_service_account,
+        };
+        let Some(path) = &self.kubeconfig else {
+            return render(&generate(&req, None).await?);
+        };
+        let config = app::kube_config(Some(path)).await?;
+        let client = kube::Client::try_from(config)?;
+        let discovery = wasm_controller_manager::cluster::discovery::Discovery::new(
+            client.clone(),
+            Duration::from_secs(30),
+        );
+        let out = generate(&req, Some(&discovery)).await?;
+        if self.apply {
+            wasm_controller_manager::loading::rbac::apply(&client, &out.objects).await?;
+            return Ok(format!("applied {} objects\n", out.objects.len()));
+        }
+        render(&out)
+    }
 }
 
 #[derive(Args)]
@@ -92,6 +180,40 @@ struct RunArgs {
     /// Burst above --event-qps.
     #[arg(long, default_value_t = 50)]
     event_burst: u32,
+    /// Namespace of the plugins' ServiceAccounts: each plugin acts as its own ServiceAccount
+    /// (impersonated), so the API server's RBAC decides what it may do.
+    #[arg(
+        long,
+        env = "WCM_PLUGIN_IDENTITY_NAMESPACE",
+        default_value = "wcm-system"
+    )]
+    plugin_identity_namespace: String,
+    /// Prefix of a plugin's ServiceAccount name (the plugin's name follows it).
+    #[arg(
+        long,
+        env = "WCM_PLUGIN_IDENTITY_PREFIX",
+        default_value = "wcm-plugin-"
+    )]
+    plugin_identity_prefix: String,
+    /// API requests per second of one plugin, before the host-wide --kube-qps (NAME.toml: api_qps).
+    #[arg(long, default_value_t = 20.0)]
+    plugin_api_qps: f64,
+    /// Burst above --plugin-api-qps (NAME.toml: api_burst).
+    #[arg(long, default_value_t = 40)]
+    plugin_api_burst: u32,
+    /// Log lines per second of one plugin (its own and the host's about it); the rest are dropped
+    /// and counted.
+    #[arg(long, default_value_t = 50.0)]
+    plugin_log_lines_per_second: f64,
+    /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
+    #[arg(long, default_value_t = 16)]
+    max_workers_per_plugin: u32,
+    /// Most instances of one plugin alive at once, warm ones included (NAME.toml: max_instances).
+    #[arg(long, default_value_t = 16)]
+    max_instances_per_plugin: u32,
+    /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
+    #[arg(long, default_value_t = 5)]
+    wait_retry_seconds: u64,
     /// Retries per second over all keys of a plugin (token bucket).
     #[arg(long, default_value_t = 10.0)]
     retry_qps: f64,
@@ -110,6 +232,8 @@ impl RunArgs {
             ),
         };
         anyhow::ensure!(self.memory_mb > 0, "--memory-mb must be at least 1");
+        wasm_controller_manager::contract::validate::namespace(&self.plugin_identity_namespace)
+            .map_err(|e| anyhow::anyhow!("--plugin-identity-namespace: {e}"))?;
         anyhow::ensure!(
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
@@ -134,6 +258,19 @@ impl RunArgs {
             allowed_hosts: self.allowed_hosts,
             event_qps: self.event_qps,
             event_burst: self.event_burst,
+            identity: IdentitySettings {
+                namespace: self.plugin_identity_namespace,
+                prefix: self.plugin_identity_prefix,
+            },
+            budgets: BudgetSettings {
+                api_qps: self.plugin_api_qps,
+                api_burst: self.plugin_api_burst,
+                log_lines_per_second: self.plugin_log_lines_per_second,
+                log_burst: (self.plugin_log_lines_per_second * 4.0).max(1.0) as u32,
+                max_instances: self.max_instances_per_plugin.max(1),
+            },
+            max_workers_per_plugin: self.max_workers_per_plugin.max(1),
+            wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),
             rate_limits: RateLimits {
                 base_delay: Duration::from_millis(self.retry_base_ms),
                 max_delay: Duration::from_secs(self.retry_max_seconds),
@@ -174,8 +311,13 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Command::Run(args) => app::run(args.into_config()?).await,
+            Command::Rbac(args) => {
+                print!("{}", args.run().await?);
+                Ok(())
+            }
             Command::Inspect { plugin, json } => {
-                let report = wasm_controller_manager::inspect::inspect(&plugin, json).await?;
+                let report =
+                    wasm_controller_manager::loading::inspect::inspect(&plugin, json).await?;
                 print!("{report}");
                 Ok(())
             }

@@ -13,8 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::informer::{InformerKey, InformerObserver};
-use crate::queue::QueueObserver;
+use crate::engine::informer::{InformerKey, InformerObserver};
+use crate::engine::queue::QueueObserver;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Name {
@@ -43,6 +43,12 @@ struct Forbidden {
     plugin: String,
     verb: String,
     resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginCall {
+    plugin: String,
+    call: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -79,6 +85,8 @@ pub struct Metrics {
     terminal_errors: Family<Ctrl, Counter>,
     plugin_failures: Family<PluginReason, Counter>,
     forbidden: Family<Forbidden, Counter>,
+    invalid: Family<PluginCall, Counter>,
+    waiting: Family<PluginReason, Gauge>,
     events_dropped: Family<PluginReason, Counter>,
     events_written: Family<PluginReason, Counter>,
     informer_events: Family<InformerLabels, Counter>,
@@ -102,6 +110,8 @@ impl Metrics {
             terminal_errors: Family::default(),
             plugin_failures: Family::default(),
             forbidden: Family::default(),
+            invalid: Family::default(),
+            waiting: Family::default(),
             events_dropped: Family::default(),
             events_written: Family::default(),
             informer_events: Family::default(),
@@ -172,6 +182,16 @@ impl Metrics {
             "wcm_forbidden_host_calls",
             "API calls a plugin made without declaring the permission",
             m.forbidden.clone(),
+        );
+        r.register(
+            "wcm_invalid_host_calls",
+            "Host calls refused because a value from the plugin was invalid (name, namespace, kind, selector, event field)",
+            m.invalid.clone(),
+        );
+        r.register(
+            "wcm_plugin_waiting",
+            "1 while a plugin waits to start, by reason (e.g. its identity may not list and watch what it declared)",
+            m.waiting.clone(),
         );
         r.register(
             "wcm_events_dropped",
@@ -269,6 +289,27 @@ impl Metrics {
                 resource: resource.into(),
             })
             .inc();
+    }
+
+    /// `call` is one of a fixed set (an RBAC verb, "cache.get", "event", ...), never a guest string.
+    pub fn invalid_call(&self, plugin: &str, call: &str) {
+        self.invalid
+            .get_or_create(&PluginCall {
+                plugin: plugin.into(),
+                call: call.into(),
+            })
+            .inc();
+    }
+
+    /// Marks `plugin` as waiting for `reason` (a fixed word), or not waiting when `reason` is None.
+    pub fn plugin_waiting(&self, plugin: &str, reason: Option<&str>) {
+        for r in ["forbidden", "not_served", "unreachable", "name_taken"] {
+            let g = self.waiting.get_or_create(&PluginReason {
+                plugin: plugin.into(),
+                reason: r.into(),
+            });
+            g.set(i64::from(reason == Some(r)));
+        }
     }
 
     pub fn event_dropped(&self, plugin: &str, reason: &str) {

@@ -13,7 +13,7 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use wasm_controller_manager::app::Manager;
-use wasm_controller_manager::plugins::FileStatus;
+use wasm_controller_manager::loading::plugins::{FileStatus, WaitReason};
 
 async fn status_of(m: &Manager, stem: &str) -> Option<FileStatus> {
     m.plugins.status().await.get(stem).cloned()
@@ -130,6 +130,7 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
 
     // A new file starts a plugin without a restart.
     let original = plugin("well-behaved")?;
+    grant(std::slice::from_ref(&original)).await?;
     install(&dir, "well-behaved", "wb.wasm")?;
     let first = wait_status(&manager, "wb", "running", |s| {
         matches!(s, FileStatus::Running { .. })
@@ -181,16 +182,19 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
     )
     .await?;
 
-    // A duplicate plugin name is refused.
+    // A duplicate plugin name waits for the file that holds the name.
     install(&dir, "well-behaved", "dup.wasm")?;
-    let st = wait_status(&manager, "dup", "refused", |s| {
-        matches!(s, FileStatus::Refused { .. })
+    let st = wait_status(&manager, "dup", "waiting for its name", |s| {
+        matches!(
+            s,
+            FileStatus::Waiting {
+                reason: WaitReason::NameTaken,
+                ..
+            }
+        )
     })
     .await?;
-    assert!(
-        format!("{st:?}").contains("already used by wb.wasm"),
-        "{st:?}"
-    );
+    assert!(format!("{st:?}").contains("used by wb.wasm"), "{st:?}");
     std::fs::remove_file(dir.join("dup.wasm"))?;
 
     // A ConfigMap-style mount: NAME.wasm -> ..data/NAME.wasm, ..data -> ..v1; the update swaps ..data.
@@ -203,6 +207,7 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
     std::fs::write(dir.join("mounted.toml"), "name = \"mounted\"\n")?;
     std::os::unix::fs::symlink("..v1", dir.join("..data"))?;
     std::os::unix::fs::symlink("..data/mounted.wasm", dir.join("mounted.wasm"))?;
+    grant_dir(&dir).await?;
     let m1 = wait_status(&manager, "mounted", "running", |s| {
         matches!(s, FileStatus::Running { .. })
     })

@@ -63,7 +63,7 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
     assert!(
         status.values().all(|s| matches!(
             s,
-            wasm_controller_manager::plugins::FileStatus::Running { .. }
+            wasm_controller_manager::loading::plugins::FileStatus::Running { .. }
         )),
         "{status:?}"
     );

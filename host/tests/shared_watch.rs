@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use common::*;
-use wasm_controller_manager::plugins::FileStatus;
+use wasm_controller_manager::loading::plugins::FileStatus;
 
 async fn pod_watches(env: &testenv::TestEnv) -> Result<f64> {
     env.apiserver_metric(
@@ -47,6 +47,7 @@ async fn plugins_on_the_same_kind_share_one_watch() -> Result<()> {
             install(&dir, "noop", &format!("{name}.wasm"))?;
             installed += 1;
         }
+        grant_dir(&dir).await?;
         eventually(
             &format!("{target} plugins running"),
             Duration::from_secs(60),

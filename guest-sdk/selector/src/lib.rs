@@ -81,9 +81,25 @@ fn valid_key(k: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
 }
 
+/// A label value as the API server accepts it: empty, or at most 63 characters from letters,
+/// digits and `-_.`, starting and ending with a letter or digit.
+fn valid_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+fn value(v: &str) -> Option<String> {
+    let v = v.trim();
+    valid_value(v).then(|| v.to_string())
+}
+
 fn set(text: &str) -> Option<Vec<String>> {
     let inner = text.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(inner.split(',').map(|v| v.trim().to_string()).collect())
+    inner.split(',').map(value).collect()
 }
 
 fn parse_req(part: &str) -> Option<Req> {
@@ -93,11 +109,17 @@ fn parse_req(part: &str) -> Option<Req> {
     }
     if let Some((k, v)) = part.split_once("!=") {
         let k = k.trim();
-        return valid_key(k).then(|| Req::NotEq(k.to_string(), v.trim().to_string()));
+        return valid_key(k)
+            .then_some(())
+            .and(value(v))
+            .map(|v| Req::NotEq(k.to_string(), v));
     }
     if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
         let k = k.trim();
-        return valid_key(k).then(|| Req::Eq(k.to_string(), v.trim().to_string()));
+        return valid_key(k)
+            .then_some(())
+            .and(value(v))
+            .map(|v| Req::Eq(k.to_string(), v));
     }
     let words: Vec<&str> = part.splitn(2, char::is_whitespace).collect();
     match words.as_slice() {
@@ -153,5 +175,9 @@ mod tests {
         assert!(Selector::parse("app in web").is_err());
         assert!(Selector::parse("a b c").is_err());
         assert!(Selector::parse("=x").is_err());
+        assert!(Selector::parse("app=web&watch=true").is_err());
+        assert!(Selector::parse("app in (web,a b)").is_err());
+        assert!(Selector::parse("app!=-x").is_err());
+        assert!(Selector::parse("app=").is_ok(), "an empty value is a value");
     }
 }

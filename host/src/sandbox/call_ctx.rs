@@ -2,16 +2,17 @@
 //! accounting and the plugin's captured stdout/stderr.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::http::HttpPolicy;
 
-use crate::services::Services;
+use crate::cluster::services::Services;
 
 /// Per-call limits of a plugin.
 #[derive(Debug, Clone)]
@@ -46,11 +47,18 @@ impl Default for Limits {
 pub struct CallCtx {
     wasi: WasiCtx,
     table: ResourceTable,
-    store_limits: StoreLimits,
+    limiter: InstanceLimiter,
     pub(crate) services: Arc<Services>,
     pub(crate) started: Instant,
     /// Time spent inside host calls, given back to the CPU deadline.
     pub(crate) host_time: Duration,
+    /// Time the guest ran, summed at each epoch tick.
+    pub(crate) guest_time: Duration,
+    /// `host_time` when the current run segment began.
+    host_mark: Duration,
+    /// When the guest was last resumed after a yield (nanoseconds since `started`); written by the
+    /// yield's future, which cannot reach the store.
+    resumed: Arc<AtomicU64>,
     pub(crate) cpu_deadline: Duration,
     pub(crate) host_calls: u32,
     pub(crate) max_host_calls: u32,
@@ -70,7 +78,7 @@ impl CallCtx {
         let http_policy = HttpPolicy {
             plugin: services.plugin_name().into(),
             allowed: services.allowed_hosts.clone(),
-            metrics: services.metrics.clone(),
+            metrics: services.metrics().cloned(),
         };
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
@@ -85,16 +93,16 @@ impl CallCtx {
         CallCtx {
             wasi,
             table: ResourceTable::new(),
-            store_limits: StoreLimitsBuilder::new()
-                .memory_size(limits.memory)
-                .trap_on_grow_failure(true)
-                .instances(64)
-                .tables(64)
-                .memories(4)
-                .build(),
+            limiter: InstanceLimiter {
+                cap: limits.memory,
+                used: 0,
+            },
             services,
             started: Instant::now(),
             host_time: Duration::ZERO,
+            guest_time: Duration::ZERO,
+            host_mark: Duration::ZERO,
+            resumed: Arc::new(AtomicU64::new(0)),
             cpu_deadline: limits.cpu_deadline,
             host_calls: 0,
             max_host_calls: limits.max_host_calls,
@@ -112,8 +120,33 @@ impl CallCtx {
     pub(crate) fn begin_call(&mut self) {
         self.started = Instant::now();
         self.host_time = Duration::ZERO;
+        self.guest_time = Duration::ZERO;
+        self.host_mark = Duration::ZERO;
+        self.resumed.store(0, Ordering::Relaxed);
         self.host_calls = 0;
         self.broken = None;
+    }
+
+    /// Adds the guest's run since it was last resumed (host calls excluded) to `guest_time`, and
+    /// starts a new segment; returns the segment's length.
+    pub(crate) fn account_guest_time(&mut self) -> Duration {
+        let now = self.started.elapsed();
+        let resumed = Duration::from_nanos(self.resumed.load(Ordering::Relaxed));
+        let in_host = self.host_time.saturating_sub(self.host_mark);
+        let ran = now.saturating_sub(resumed).saturating_sub(in_host);
+        self.guest_time += ran;
+        self.host_mark = self.host_time;
+        self.resumed.store(nanos(now), Ordering::Relaxed);
+        ran
+    }
+
+    /// A yield to the async runtime that marks when the guest resumes.
+    pub(crate) fn resume_marker(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (resumed, started) = (self.resumed.clone(), self.started);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            resumed.store(nanos(started.elapsed()), Ordering::Relaxed);
+        })
     }
 
     /// Bytes the guest has printed in this store's life.
@@ -121,8 +154,8 @@ impl CallCtx {
         self.stdout.contents().len() + self.stderr.contents().len()
     }
 
-    pub(crate) fn store_limits(&mut self) -> &mut StoreLimits {
-        &mut self.store_limits
+    pub(crate) fn limiter(&mut self) -> &mut InstanceLimiter {
+        &mut self.limiter
     }
 
     pub(crate) fn limit_broken(&self) -> Option<&str> {
@@ -170,6 +203,15 @@ impl CallCtx {
 
     /// Writes what the guest printed to the host log under the plugin's name.
     pub(crate) fn flush_output(&mut self, plugin: &str) {
+        let budgets = &self.services.budgets;
+        let dropped = budgets.take_dropped_logs();
+        if dropped > 0 && budgets.log_line() {
+            tracing::warn!(
+                plugin,
+                dropped,
+                "log lines of the plugin dropped: over its log budget"
+            );
+        }
         for (i, (stream, pipe)) in [("stdout", &self.stdout), ("stderr", &self.stderr)]
             .into_iter()
             .enumerate()
@@ -184,9 +226,72 @@ impl CallCtx {
                 .lines()
                 .filter(|l| !l.trim().is_empty())
             {
-                tracing::info!(plugin, stream, "{line}");
+                if budgets.log_line() {
+                    let line = crate::contract::validate::log_text(line, 4096);
+                    tracing::info!(plugin, stream, "{line}");
+                }
             }
         }
+    }
+}
+
+/// The memory cap of one instance, over all its linear memories and tables together (a component
+/// has several core instances, each with its own): growth past it traps the guest.
+pub(crate) struct InstanceLimiter {
+    cap: usize,
+    used: usize,
+}
+
+/// What one table element is counted as against the memory cap.
+const TABLE_ELEMENT_BYTES: usize = 16;
+
+impl InstanceLimiter {
+    fn grow(&mut self, current: usize, desired: usize, what: &str) -> wasmtime::Result<bool> {
+        let total = self.used.saturating_add(desired.saturating_sub(current));
+        if total > self.cap {
+            return Err(wasmtime::Error::msg(format!(
+                "forcing trap when growing memory: {what} would bring the instance to {total} bytes, over its {} byte cap",
+                self.cap
+            )));
+        }
+        self.used = total;
+        Ok(true)
+    }
+}
+
+impl ResourceLimiter for InstanceLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.grow(current, desired, "a linear memory")
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.grow(
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+            "a table",
+        )
+    }
+
+    fn instances(&self) -> usize {
+        64
+    }
+
+    fn tables(&self) -> usize {
+        64
+    }
+
+    fn memories(&self) -> usize {
+        4
     }
 }
 
@@ -207,4 +312,8 @@ impl WasiView for CallCtx {
             table: &mut self.table,
         }
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

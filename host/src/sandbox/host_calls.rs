@@ -3,13 +3,20 @@
 
 use std::time::Instant;
 
-use super::bindings::wcm::reconciler::{cache, client, config, events, log, types};
-use super::bindings::{ApiError, KindRef, ObjectKey};
 use super::call_ctx::CallCtx;
-use crate::events::PluginEvent;
-use crate::kubeapi::{ApiFailure, ApiRequest, PatchKind, Verb};
+use crate::cluster::api::{ApiFailure, ApiRequest, PatchKind, Verb};
+use crate::cluster::events::PluginEvent;
+use crate::cluster::services::store_key;
+use crate::contract::validate;
+use crate::contract::wcm::reconciler::{cache, client, config, events, log, types};
+use crate::contract::{ApiError, KindKey, KindRef, ObjectKey};
 use crate::selector::Selector;
-use crate::services::store_key;
+
+/// The API server keeps at most 1 kB of an event's note.
+const MAX_NOTE: usize = 1024;
+/// Bytes of a log message or field value kept; fields kept per line.
+const MAX_LOG_TEXT: usize = 4096;
+const MAX_LOG_FIELDS: usize = 32;
 
 impl types::Host for CallCtx {}
 
@@ -33,6 +40,11 @@ impl CallCtx {
             what,
             [req.body, req.name, req.namespace].map(|s| s.map_or(0, str::len)),
         )?;
+        // An empty namespace is no namespace (all namespaces, or a cluster-scoped kind).
+        let req = ApiRequest {
+            namespace: req.namespace.filter(|ns| !ns.is_empty()),
+            ..req
+        };
         let started = Instant::now();
         let services = self.services.clone();
         let out = services.api_call(&req).await;
@@ -199,8 +211,15 @@ impl client::Host for CallCtx {
 impl cache::Host for CallCtx {
     async fn get(&mut self, kind: KindRef, key: ObjectKey) -> wasmtime::Result<Option<String>> {
         self.admit("cache.get", [key.name.len()])?;
+        if let Err(e) = validate::kind(&kind).and_then(|_| validate::object_key(&key)) {
+            self.services.invalid_call("cache.get", &e);
+            return Ok(None);
+        }
         let Some(store) = self.services.cache_store(&kind) else {
-            tracing::warn!(plugin = %self.services.plugin_name(), kind = %kind.kind, "cache.get of a kind the plugin does not watch");
+            self.services.warn(format_args!(
+                "cache.get of {}, a kind the plugin does not watch",
+                KindKey::from(&kind)
+            ));
             return Ok(None);
         };
         Ok(store.get(&store_key(&key)).map(|o| o.json.to_string()))
@@ -250,11 +269,20 @@ impl CallCtx {
         kind: &KindRef,
         namespace: Option<&str>,
         selector: Option<&str>,
-    ) -> Result<Vec<std::sync::Arc<crate::cache::CachedObject>>, String> {
-        let store = self
-            .services
-            .cache_store(kind)
-            .ok_or_else(|| format!("{}/{} is not watched by this plugin: declare it in describe to read it from the cache", kind.version, kind.kind))?;
+    ) -> Result<Vec<std::sync::Arc<crate::engine::cache::CachedObject>>, String> {
+        let checked = validate::kind(kind)
+            .and_then(|_| namespace.map_or(Ok(()), validate::namespace))
+            .and_then(|_| selector.map_or(Ok(()), validate::label_selector));
+        if let Err(e) = checked {
+            self.services.invalid_call("cache.list", &e);
+            return Err(e.to_string());
+        }
+        let store = self.services.cache_store(kind).ok_or_else(|| {
+            format!(
+                "{} is not watched by this plugin: declare it in describe to read it from the cache",
+                KindKey::from(kind)
+            )
+        })?;
         let selector = Selector::parse(selector.unwrap_or(""))?;
         Ok(store.select(namespace, &selector))
     }
@@ -270,23 +298,20 @@ impl events::Host for CallCtx {
         note: String,
     ) -> wasmtime::Result<()> {
         self.admit("events.record", [reason.len(), action.len(), note.len()])?;
-        let k = &regarding.kind;
-        let api_version = if k.group.is_empty() {
-            k.version.clone()
-        } else {
-            format!("{}/{}", k.group, k.version)
-        };
-        self.services.record_event(PluginEvent {
-            api_version,
+        let k = regarding.kind;
+        let event = PluginEvent {
+            api_version: KindKey::from(&k).api_version(),
             kind: k.kind.clone(),
-            namespace: regarding.key.namespace,
+            namespace: regarding.key.namespace.filter(|ns| !ns.is_empty()),
             name: regarding.key.name,
             uid: regarding.uid,
             warning: matches!(event_type, events::EventType::Warning),
             reason,
             action,
-            note,
-        });
+            // The API server keeps at most 1 kB of a note.
+            note: validate::truncate(&note, MAX_NOTE).to_string(),
+        };
+        self.services.record_event(event, &k);
         Ok(())
     }
 }
@@ -300,10 +325,22 @@ impl log::Host for CallCtx {
     ) -> wasmtime::Result<()> {
         let fields_size: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
         self.admit("log.log", [message.len(), fields_size])?;
+        if !self.services.budgets.log_line() {
+            return Ok(());
+        }
         let plugin = self.services.plugin_name();
+        // One line per call whatever the guest sent: control characters escaped, lengths cut.
+        let message = validate::log_text(&message, MAX_LOG_TEXT);
         let fields = fields
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .take(MAX_LOG_FIELDS)
+            .map(|(k, v)| {
+                format!(
+                    "{}={}",
+                    validate::log_text(k, 64),
+                    validate::log_text(v, MAX_LOG_TEXT)
+                )
+            })
             .collect::<Vec<_>>()
             .join(" ");
         match level {
@@ -325,6 +362,6 @@ impl config::Host for CallCtx {
 
     async fn secret(&mut self, key: String) -> wasmtime::Result<Option<String>> {
         self.admit("config.secret", [key.len()])?;
-        Ok(self.services.secrets.get(&key).cloned())
+        Ok(self.services.secret(&key).cloned())
     }
 }

@@ -5,7 +5,6 @@
 //! A fresh instance per reconcile is the isolation default: no state leaks from one key to the next,
 //! and a trap never poisons later calls. Its cost is measured in docs/benchmarks.md.
 
-mod bindings;
 mod call_ctx;
 mod compile_cache;
 mod host_calls;
@@ -20,16 +19,11 @@ use anyhow::{Context, Result};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 
-pub use bindings::wcm::reconciler::client::PatchType;
-pub use bindings::wcm::reconciler::events::EventType;
-pub use bindings::{
-    Action, ApiError, Description, KindRef, Mapping, ObjectKey, Permission, ReconcileError,
-    Request, Secondary, Watch,
-};
+use crate::contract::{self as bindings, Action, Description, ReconcileError, Request};
 pub use call_ctx::{CallCtx, Limits};
 pub use compile_cache::sha256_hex;
 
-use crate::services::Services;
+use crate::cluster::services::Services;
 
 /// How often the epoch ticks; CPU deadlines are counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -237,21 +231,25 @@ impl Runtime {
     /// A store for one call, with its limits and CPU deadline set.
     fn new_store(&self, services: Arc<Services>, limits: &Limits) -> Store<CallCtx> {
         let mut store = Store::new(&self.engine, CallCtx::new(services, limits));
-        store.limiter(|c| c.store_limits());
-        let ticks = (limits.cpu_deadline.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64;
-        store.set_epoch_deadline(ticks);
-        // The deadline counts time in the guest only: time spent in host calls (API requests)
-        // is given back, since those have their own timeouts.
-        store.epoch_deadline_callback(move |ctx| {
-            let c = ctx.data();
-            let guest = c.started.elapsed().saturating_sub(c.host_time);
-            if guest >= c.cpu_deadline {
+        store.limiter(|c| c.limiter());
+        // Checked at every tick (below), not only when the deadline is due.
+        store.set_epoch_deadline(1);
+        // The deadline counts time running in the guest only: time in host calls (which have their
+        // own timeouts) and time parked after a yield are not the guest's.
+        store.epoch_deadline_callback(move |mut ctx| {
+            let c = ctx.data_mut();
+            let ran = c.account_guest_time();
+            if c.guest_time >= c.cpu_deadline {
                 return Err(wasmtime::Error::from(Trap::Interrupt));
             }
-            let left = c.cpu_deadline - guest;
-            Ok(wasmtime::UpdateDeadline::Continue(
-                ((left.as_nanos() / EPOCH_TICK.as_nanos()).max(1)) as u64,
-            ))
+            // Yield to the async runtime after each tick of guest work, so a guest computing up to
+            // its deadline never holds a runtime thread for long: informers, API calls, /healthz
+            // and the other plugins keep running. A segment shorter than half a tick (the epoch
+            // moved on while the guest was parked) continues instead, so the guest always progresses.
+            if ran < EPOCH_TICK / 2 {
+                return Ok(wasmtime::UpdateDeadline::Continue(1));
+            }
+            Ok(wasmtime::UpdateDeadline::YieldCustom(1, c.resume_marker()))
         });
         store
     }
@@ -264,6 +262,8 @@ impl Runtime {
         f: impl AsyncFnOnce(&bindings::Plugin, &mut Store<CallCtx>) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
         let plugin_name = services.plugin_name().to_string();
+        // Held for the instance's life: one plugin cannot take the whole pool.
+        let _permit = services.instance_permit().await;
         let mut store = self.new_store(services, limits);
         let wall = limits.wall_timeout;
         let result = tokio::time::timeout(wall, async {
@@ -297,6 +297,7 @@ impl Runtime {
         let mut warm = match slot.take() {
             Some(w) => w,
             None => {
+                let permit = services.instance_permit().await;
                 let mut store = self.new_store(services, limits);
                 let plugin = compiled
                     .pre
@@ -307,12 +308,12 @@ impl Runtime {
                     store,
                     plugin,
                     calls: 0,
+                    _permit: permit,
                 }
             }
         };
         warm.store.data_mut().begin_call();
-        let ticks = (limits.cpu_deadline.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64;
-        warm.store.set_epoch_deadline(ticks);
+        warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
         let result = tokio::time::timeout(wall, async {
             warm.plugin
@@ -369,6 +370,8 @@ pub struct Warm {
     store: Store<CallCtx>,
     plugin: bindings::Plugin,
     calls: u32,
+    /// The plugin's instance slot, released with the instance.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {

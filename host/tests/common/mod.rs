@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use wasm_controller_manager::app::{Manager, RunConfig};
-use wasm_controller_manager::rate_limit::RateLimits;
+use wasm_controller_manager::cluster::discovery::Discovery;
+use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::cluster::services::BudgetSettings;
+use wasm_controller_manager::engine::rate_limit::RateLimits;
+use wasm_controller_manager::loading::rbac;
 use wasm_controller_manager::sandbox::Limits;
 
 /// Where `scripts/build-plugins` puts the components.
@@ -108,6 +112,14 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
         allowed_hosts: vec![],
         event_qps: 20.0,
         event_burst: 50,
+        identity: IdentitySettings::default(),
+        budgets: BudgetSettings {
+            api_qps: 200.0,
+            api_burst: 400,
+            ..BudgetSettings::default()
+        },
+        max_workers_per_plugin: 16,
+        wait_retry: Duration::from_secs(1),
         rate_limits: RateLimits {
             base_delay: Duration::from_millis(200),
             ..RateLimits::default()
@@ -115,10 +127,73 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
     }
 }
 
-/// Starts a manager on the shared test cluster.
-pub async fn start_manager(cfg: RunConfig) -> Result<Manager> {
+/// The host's client configuration for the shared test cluster (the admin's).
+pub async fn host_config() -> Result<kube::Config> {
     let env = testenv::TestEnv::shared().await?;
-    Manager::start(cfg, env.client().await?).await
+    let path = env
+        .kubeconfig_path()
+        .context("the test cluster has no kubeconfig file")?;
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
+}
+
+/// Starts a manager on the shared test cluster, after granting every plugin already in its
+/// directory the RBAC generated from its declaration (as an operator would apply it).
+pub async fn start_manager(cfg: RunConfig) -> Result<Manager> {
+    grant_dir(&cfg.plugins_dir).await?;
+    Manager::start(cfg, host_config().await?).await
+}
+
+/// Starts a manager without granting anything.
+pub async fn start_manager_ungranted(cfg: RunConfig) -> Result<Manager> {
+    Manager::start(cfg, host_config().await?).await
+}
+
+/// The RBAC `wasm-controller-manager rbac` generates for these plugin files (with their NAME.toml),
+/// resolved through the test cluster's discovery.
+pub async fn rbac_for(plugins: &[PathBuf]) -> Result<Vec<serde_json::Value>> {
+    let env = testenv::TestEnv::shared().await?;
+    let discovery = Discovery::new(env.client().await?, Duration::from_secs(10));
+    let out = rbac::generate(
+        &rbac::RbacRequest {
+            compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
+            plugins: plugins.to_vec(),
+            identity: IdentitySettings::default(),
+            host_service_account: None,
+        },
+        Some(&discovery),
+    )
+    .await?;
+    Ok(out.objects)
+}
+
+/// Applies the generated RBAC of these plugin files.
+pub async fn grant(plugins: &[PathBuf]) -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    rbac::apply(&env.client().await?, &rbac_for(plugins).await?).await
+}
+
+/// Grants every `.wasm` in `dir`.
+pub async fn grant_dir(dir: &Path) -> Result<()> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        let visible = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.starts_with('.'));
+        if visible && p.extension().is_some_and(|x| x == "wasm") {
+            files.push(p);
+        }
+    }
+    // A file that is not a usable plugin has nothing to grant (the tests of bad files).
+    for f in files {
+        if let Ok(objects) = rbac_for(std::slice::from_ref(&f)).await {
+            let env = testenv::TestEnv::shared().await?;
+            rbac::apply(&env.client().await?, &objects).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Polls `f` until it returns Some, or fails after `timeout` with `what`.

@@ -17,7 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use crate::cache::{CachedObject, Key, ObjectStore};
+use crate::engine::cache::{CachedObject, Key, ObjectStore};
 
 /// What selects the objects of one informer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

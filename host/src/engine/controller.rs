@@ -10,19 +10,18 @@ use std::time::{Duration, Instant};
 use tokio::sync::RwLock;
 use tokio::task::JoinHandle;
 
-use crate::cache::{CachedObject, Key, ObjectStore};
-use crate::events::PluginEvent;
-use crate::informer::{Change, Informer, InformerKey, Informers};
-use crate::kubeapi::ApiAccess;
+use crate::cluster::api::{ApiAccess, ApiFailure};
+use crate::cluster::events::PluginEvent;
+use crate::cluster::services::{PluginCache, Services};
+use crate::contract::validate;
+use crate::contract::{Action, Description, KindKey, KindRef, Mapping, ObjectKey, Request, Watch};
+use crate::engine::cache::{CachedObject, Key, ObjectStore};
+use crate::engine::informer::{Change, Informer, InformerKey, Informers};
+use crate::engine::queue::WorkQueue;
+use crate::engine::rate_limit::{RateLimiter, RateLimits};
+use crate::loading::settings::Isolation;
 use crate::metrics::Metrics;
-use crate::queue::WorkQueue;
-use crate::rate_limit::{RateLimiter, RateLimits};
-use crate::sandbox::{
-    Action, CallError, Compiled, Description, KindRef, Limits, Mapping, ObjectKey, Request,
-    Runtime, Warm, Watch,
-};
-use crate::services::{KindKey, PluginCache, Services};
-use crate::settings::Isolation;
+use crate::sandbox::{CallError, Compiled, Limits, Runtime, Warm};
 
 /// A loaded version of a plugin: the compiled component, what it declared, its services and limits.
 pub struct Version {
@@ -79,18 +78,12 @@ pub struct Controller {
 pub async fn resolve_watches(
     api: &ApiAccess,
     d: &Description,
-) -> anyhow::Result<Vec<(InformerKey, bool)>> {
+) -> Result<Vec<(InformerKey, bool)>, ApiFailure> {
     let mut out = Vec::new();
     for w in std::iter::once(&d.primary).chain(d.secondaries.iter().map(|s| &s.watch)) {
-        let r = api.resolve(&w.kind).await.map_err(|e| {
-            anyhow::anyhow!(
-                "cannot watch {}/{} {}: {} ({})",
-                w.kind.group,
-                w.kind.version,
-                w.kind.kind,
-                e.message,
-                e.reason
-            )
+        let r = api.resolve(&w.kind).await.map_err(|e| ApiFailure {
+            message: format!("cannot watch {}: {}", KindKey::from(&w.kind), e.message),
+            ..e
         })?;
         out.push((informer_key(w, &r.plural, r.namespaced), r.namespaced));
     }
@@ -124,6 +117,7 @@ pub fn plugin_cache(informers: &[Arc<Informer>]) -> PluginCache {
                 version: k.version.clone(),
                 kind: k.kind.clone(),
             },
+            k.namespace.clone(),
             i.store().clone(),
         );
     }
@@ -383,21 +377,30 @@ impl Worker {
                 self.queue.forget(key);
                 self.metrics.reconciled(&self.name, "error", took);
                 self.metrics.terminal_error(&self.name);
-                tracing::error!(plugin = %self.name, %key, "terminal reconcile error (not retried): {}", e.message);
+                if v.services.budgets.log_line() {
+                    let message = validate::log_text(&e.message, 4096);
+                    tracing::error!(plugin = %self.name, %key, "terminal reconcile error (not retried): {message}");
+                }
                 if let Some(o) = &object {
-                    v.services.record_event(self.failure_event(o, &e.message));
+                    v.services
+                        .record_event(self.failure_event(o, &e.message), &self.primary);
                 }
             }
             Ok(Err(e)) => {
                 self.metrics.reconciled(&self.name, "error", took);
-                tracing::warn!(plugin = %self.name, %key, attempt = req.attempt, "reconcile error, retrying with backoff: {}", e.message);
+                if v.services.budgets.log_line() {
+                    let message = validate::log_text(&e.message, 4096);
+                    tracing::warn!(plugin = %self.name, %key, attempt = req.attempt, "reconcile error, retrying with backoff: {message}");
+                }
                 self.queue.add_rate_limited(key.clone());
             }
             Err(call_error) => {
                 self.metrics.reconciled(&self.name, "error", took);
                 self.metrics
                     .plugin_failure(&self.name, failure_reason(&call_error));
-                tracing::error!(plugin = %self.name, %key, attempt = req.attempt, "plugin call failed, retrying with backoff: {call_error}");
+                if v.services.budgets.log_line() {
+                    tracing::error!(plugin = %self.name, %key, attempt = req.attempt, "plugin call failed, retrying with backoff: {call_error}");
+                }
                 self.queue.add_rate_limited(key.clone());
             }
         }
@@ -418,7 +421,7 @@ impl Worker {
             warning: true,
             reason: "ReconcileFailed".into(),
             action: "Reconcile".into(),
-            note: message.to_string(),
+            note: validate::truncate(message, 1024).to_string(),
         }
     }
 }

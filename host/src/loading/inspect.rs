@@ -1,19 +1,38 @@
 //! `wasm-controller-manager inspect PLUGIN.wasm`: what a plugin declares, without a cluster.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use crate::sandbox::{Limits, Mapping, Runtime, RuntimeSettings, Watch};
-use crate::services::Services;
+use crate::cluster::services::Services;
+use crate::contract::{Description, Mapping, Watch};
+use crate::loading::settings::PluginSettings;
+use crate::sandbox::{Compiled, Limits, Runtime, RuntimeSettings};
 
-/// Loads, compiles and describes a plugin; returns the report as text (or JSON).
-pub async fn inspect(path: &Path, json: bool) -> Result<String> {
+/// A plugin file compiled and described, with the settings beside it (NAME.toml), as the loader
+/// would see it.
+pub struct Described {
+    pub compiled: Compiled,
+    pub description: Description,
+    pub settings: PluginSettings,
+    imports: Vec<String>,
+    exports: Vec<String>,
+}
+
+/// Compiles and describes a plugin file without a cluster (its NAME.toml's config and name apply).
+pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Result<Described> {
     let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    let settings_path = path.with_extension("toml");
+    let settings = match std::fs::read_to_string(&settings_path) {
+        Ok(text) => PluginSettings::parse(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", settings_path.display()))?,
+        Err(_) => PluginSettings::default(),
+    };
     let runtime = Runtime::new(RuntimeSettings {
         max_instances: 4,
+        compile_cache,
         ..Default::default()
     })?;
     let compiled = runtime
@@ -23,14 +42,34 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
     let ty = compiled.component.component_type();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-    let services = Arc::new(Services::for_describe("inspect", BTreeMap::new()));
-    let d = runtime
+    let services = Arc::new(Services::for_describe("inspect", settings.config.clone()));
+    let mut d = runtime
         .describe(&compiled, services, &Limits::default())
         .await
         .map_err(|e| anyhow::anyhow!("{}: describe failed: {e}", path.display()))?;
-    crate::plugins::validate(&d)
-        .with_context(|| format!("{} declares something invalid", path.display()))?;
+    if let Some(name) = &settings.name {
+        d.name = name.clone();
+    }
+    crate::contract::validate::description(&d)
+        .map_err(|e| anyhow::anyhow!("{} declares something invalid: {e}", path.display()))?;
+    Ok(Described {
+        compiled,
+        description: d,
+        settings,
+        imports,
+        exports,
+    })
+}
 
+/// Loads, compiles and describes a plugin; returns the report as text (or JSON).
+pub async fn inspect(path: &Path, json: bool) -> Result<String> {
+    let Described {
+        compiled,
+        description: d,
+        imports,
+        exports,
+        ..
+    } = describe_file(path, None).await?;
     let watch = |w: &Watch| -> serde_json::Value {
         serde_json::json!({
             "group": w.kind.group, "version": w.kind.version, "kind": w.kind.kind,

@@ -65,6 +65,24 @@ impl TokenBucket {
         }
     }
 
+    /// Takes one token if one is there now; never waits and never goes into debt (for budgets that
+    /// drop what is over them, such as log lines).
+    pub fn try_take(&self) -> bool {
+        if self.qps <= 0.0 {
+            return true;
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.qps).min(self.burst);
+        s.1 = now;
+        if s.0 >= 1.0 {
+            s.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Takes one token and waits until it may be used.
     pub async fn acquire(&self) {
         let wait = self.reserve();

@@ -54,6 +54,9 @@ pub struct EventSettings {
     /// A running series' count is written at most this often.
     pub series_flush: Duration,
     pub max_retries: u32,
+    /// Series and spam-filter buckets one plugin may have at once; beyond it its new events are
+    /// dropped (and counted), so a plugin cannot grow the host's memory with distinct events.
+    pub max_entries_per_plugin: usize,
     /// The host instance, for `reportingInstance`.
     pub instance: String,
 }
@@ -69,6 +72,7 @@ impl Default for EventSettings {
             series_idle: Duration::from_secs(360),
             series_flush: Duration::from_secs(1800),
             max_retries: 12,
+            max_entries_per_plugin: 2048,
             instance: hostname(),
         }
     }
@@ -102,6 +106,14 @@ struct State {
     series: HashMap<SeriesKey, Series>,
     buckets: HashMap<SpamKey, (f64, Instant)>,
     pending: VecDeque<SeriesKey>,
+    /// Each plugin's client (its own identity) and its bookkeeping entries (series + spam
+    /// buckets), bounded by `max_entries_per_plugin`.
+    plugins: HashMap<Arc<str>, PluginEntry>,
+}
+
+struct PluginEntry {
+    client: kube::Client,
+    entries: usize,
 }
 
 struct Shared {
@@ -139,7 +151,24 @@ impl EventSink {
             }
             return;
         }
-        if !admit(&mut st.buckets, &s.settings, &plugin, &key.1, now) {
+        let max = s.settings.max_entries_per_plugin;
+        let Some(entry) = st.plugins.get(&plugin) else {
+            s.metrics.event_dropped(&plugin, "plugin_stopped");
+            return;
+        };
+        // A new series may need a new spam bucket too: two entries.
+        if entry.entries + 2 > max {
+            s.metrics.event_dropped(&plugin, "plugin_bookkeeping_full");
+            return;
+        }
+        let State {
+            buckets, plugins, ..
+        } = &mut *st;
+        let (admitted, new_bucket) = admit(buckets, &s.settings, &plugin, &key.1, now);
+        if let Some(e) = plugins.get_mut(&plugin) {
+            e.entries += usize::from(new_bucket);
+        }
+        if !admitted {
             s.metrics.event_dropped(&plugin, "spam_filter");
             return;
         }
@@ -160,6 +189,9 @@ impl EventSink {
             last_flush: now,
         };
         st.series.insert(key.clone(), series);
+        if let Some(e) = st.plugins.get_mut(&plugin) {
+            e.entries += 1;
+        }
         st.pending.push_back(key);
         drop(st);
         s.wake.notify_one();
@@ -173,7 +205,7 @@ fn admit(
     plugin: &Arc<str>,
     e: &PluginEvent,
     now: Instant,
-) -> bool {
+) -> (bool, bool) {
     let key = (
         plugin.clone(),
         e.kind.clone(),
@@ -183,23 +215,23 @@ fn admit(
     );
     let burst = f64::from(settings.spam_burst.max(1));
     let refill = settings.spam_refill.as_secs_f64().max(0.001);
+    let new = !buckets.contains_key(&key);
     let (tokens, last) = buckets.entry(key).or_insert((burst, now));
     *tokens = (*tokens + now.duration_since(*last).as_secs_f64() / refill).min(burst);
     *last = now;
     if *tokens >= 1.0 {
         *tokens -= 1.0;
-        true
+        (true, new)
     } else {
-        false
+        (false, new)
     }
 }
 
 /// Starts the writer task.
-pub fn start(client: kube::Client, settings: EventSettings, metrics: Arc<Metrics>) -> EventSink {
+pub fn start(settings: EventSettings, metrics: Arc<Metrics>) -> EventSink {
     let sink = EventSink::new(settings, metrics);
     tokio::spawn(
         Writer {
-            client,
             shared: sink.shared.clone(),
         }
         .run(),
@@ -217,6 +249,23 @@ impl EventSink {
                 wake: Notify::new(),
             }),
         }
+    }
+
+    /// Events of `plugin` are written with `client` (the plugin's own identity) from now on.
+    pub fn register(&self, plugin: &str, client: kube::Client) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let plugin: Arc<str> = plugin.into();
+        let entries = count_entries(&st, &plugin);
+        st.plugins.insert(plugin, PluginEntry { client, entries });
+    }
+
+    /// Forgets a stopped plugin: its pending writes and bookkeeping go with it.
+    pub fn unregister(&self, plugin: &str) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.plugins.remove(plugin);
+        st.series.retain(|k, _| &*k.0 != plugin);
+        st.buckets.retain(|k, _| &*k.0 != plugin);
+        st.pending.retain(|k| &*k.0 != plugin);
     }
 
     /// Writes waiting (for tests and metrics).
@@ -237,14 +286,18 @@ enum Job {
 }
 
 struct Writer {
-    client: kube::Client,
     shared: Arc<Shared>,
+}
+
+fn count_entries(st: &State, plugin: &str) -> usize {
+    st.series.keys().filter(|k| &*k.0 == plugin).count()
+        + st.buckets.keys().filter(|k| &*k.0 == plugin).count()
 }
 
 impl Writer {
     async fn run(self) {
         let s = &self.shared;
-        let limiter = crate::rate_limit::TokenBucket::new(s.settings.qps, s.settings.burst);
+        let limiter = crate::engine::rate_limit::TokenBucket::new(s.settings.qps, s.settings.burst);
         let period = Duration::from_secs(5).min(s.settings.series_idle);
         let mut last_housekeeping = Instant::now();
         loop {
@@ -334,8 +387,16 @@ impl Writer {
     }
 
     async fn write(&self, plugin: &str, namespace: &str, name: &str, job: Job) -> bool {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let metrics = &self.shared.metrics;
+        let client = {
+            let st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.plugins.get(plugin).map(|p| p.client.clone())
+        };
+        let Some(client) = client else {
+            metrics.event_dropped(plugin, "plugin_stopped");
+            return false;
+        };
+        let api: Api<Event> = Api::namespaced(client, namespace);
         for attempt in 0..=self.shared.settings.max_retries {
             let result = match &job {
                 Job::Create(event) => api
@@ -366,7 +427,7 @@ impl Writer {
                 }
                 Err(err) => {
                     tracing::debug!(plugin, attempt, "event write failed, retrying: {err}");
-                    tokio::time::sleep(crate::rate_limit::backoff(
+                    tokio::time::sleep(crate::engine::rate_limit::backoff(
                         Duration::from_millis(100),
                         Duration::from_secs(10),
                         attempt,
@@ -401,6 +462,16 @@ impl Writer {
         let refill = s.settings.spam_refill * s.settings.spam_burst.max(1);
         st.buckets
             .retain(|_, (_, last)| now.duration_since(*last) < refill);
+        let counts: Vec<(Arc<str>, usize)> = st
+            .plugins
+            .keys()
+            .map(|p| (p.clone(), count_entries(&st, p)))
+            .collect();
+        for (p, n) in counts {
+            if let Some(e) = st.plugins.get_mut(&p) {
+                e.entries = n;
+            }
+        }
         if !st.pending.is_empty() {
             drop(st);
             s.wake.notify_one();
@@ -449,13 +520,39 @@ mod tests {
     }
 
     fn sink(queue: usize) -> EventSink {
-        EventSink::new(
-            EventSettings {
-                queue,
-                ..EventSettings::default()
-            },
-            Metrics::new(),
-        )
+        sink_with(EventSettings {
+            queue,
+            ..EventSettings::default()
+        })
+    }
+
+    /// A sink with plugin "p" registered; its client points nowhere (nothing is written here).
+    fn sink_with(settings: EventSettings) -> EventSink {
+        let s = EventSink::new(settings, Metrics::new());
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("static URL"));
+        s.register("p", kube::Client::try_from(config).expect("client"));
+        s
+    }
+
+    #[tokio::test]
+    async fn one_plugin_cannot_grow_the_bookkeeping_past_its_bound() {
+        let s = sink_with(EventSettings {
+            queue: 100_000,
+            max_entries_per_plugin: 100,
+            ..EventSettings::default()
+        });
+        for i in 0..10_000 {
+            s.record("p", event(&format!("pod-{i}"), "n"));
+        }
+        let st = s.shared.state.lock().expect("lock");
+        let entries = st.series.len() + st.buckets.len();
+        assert!(entries <= 100, "{entries} entries kept");
+        drop(st);
+        assert!(testenv_free_metric(&s, "plugin_bookkeeping_full") >= 9_900.0);
+        s.record("unregistered", event("a", "n"));
+        assert_eq!(testenv_free_metric(&s, "plugin_stopped"), 1.0);
+        s.unregister("p");
+        assert_eq!(s.pending(), 0, "a stopped plugin's writes go with it");
     }
 
     fn count(sink: &EventSink, plugin: &str, e: PluginEvent) -> i32 {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::rate_limit::RateLimiter;
+use crate::engine::rate_limit::RateLimiter;
 
 /// Observes queue activity (metrics); the default does nothing.
 pub trait QueueObserver: Send + Sync {
@@ -306,7 +306,7 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> DelayMover<K> {
 mod tests {
     //! client-go's workqueue behaviour, case by case (time is paused and advanced by hand).
     use super::*;
-    use crate::rate_limit::RateLimits;
+    use crate::engine::rate_limit::RateLimits;
 
     fn queue() -> WorkQueue<&'static str> {
         WorkQueue::new(RateLimiter::new(RateLimits::default()))

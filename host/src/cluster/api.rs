@@ -2,17 +2,14 @@
 //! client-side QPS/burst limit, a timeout per request, and errors turned into the structured
 //! `api-error` of the WIT.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::discovery::{self, Scope};
-use tokio::sync::Mutex;
 
-use crate::rate_limit::TokenBucket;
-use crate::sandbox::{KindRef, PatchType};
+use super::discovery::{Discovery, Resolved};
+use crate::contract::{KindRef, PatchType};
+use crate::engine::rate_limit::TokenBucket;
 
 /// What an API call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +95,10 @@ impl ApiFailure {
         )
     }
 
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(404, "NotFound", message)
+    }
+
     pub fn unavailable(message: &str) -> Self {
         Self::new(503, "ServiceUnavailable", message)
     }
@@ -106,7 +107,7 @@ impl ApiFailure {
         Self::new(400, "BadRequest", message)
     }
 
-    fn from_kube(e: kube::Error) -> Self {
+    pub fn from_kube(e: kube::Error) -> Self {
         match e {
             kube::Error::Api(s) => ApiFailure {
                 code: s.code,
@@ -118,19 +119,11 @@ impl ApiFailure {
     }
 }
 
-/// A kind resolved through discovery.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub resource: ApiResource,
-    pub plural: String,
-    pub namespaced: bool,
-}
-
-/// The shared API client of the host.
+/// What API calls on behalf of plugins share: discovery, the client-side limit of all plugins
+/// together, and the timeout. The calls themselves go out with each plugin's own client.
 #[derive(Clone)]
 pub struct ApiAccess {
-    client: kube::Client,
-    kinds: Arc<Mutex<HashMap<crate::services::KindKey, Resolved>>>,
+    discovery: Arc<Discovery>,
     limit: Arc<TokenBucket>,
     timeout: Duration,
 }
@@ -138,50 +131,29 @@ pub struct ApiAccess {
 impl ApiAccess {
     pub fn new(client: kube::Client, limit: Arc<TokenBucket>, timeout: Duration) -> Self {
         ApiAccess {
-            client,
-            kinds: Arc::default(),
+            discovery: Arc::new(Discovery::new(client, timeout)),
             limit,
             timeout,
         }
     }
 
-    pub fn client(&self) -> &kube::Client {
-        &self.client
+    pub fn discovery(&self) -> &Discovery {
+        &self.discovery
     }
 
-    /// Finds the plural and scope of a kind (cached after the first discovery).
+    /// Finds the plural and scope of a kind (cached per group).
     pub async fn resolve(&self, kind: &KindRef) -> Result<Resolved, ApiFailure> {
-        let key = crate::services::KindKey::from(kind);
-        if let Some(r) = self.kinds.lock().await.get(&key) {
-            return Ok(r.clone());
-        }
-        let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
-        let (resource, caps) =
-            tokio::time::timeout(self.timeout, discovery::pinned_kind(&self.client, &gvk))
-                .await
-                .map_err(|_| ApiFailure::new(0, "Timeout", "discovery timed out"))?
-                .map_err(|e| match e {
-                    kube::Error::Discovery(d) => ApiFailure::new(
-                        404,
-                        "NotFound",
-                        format!("the API server does not serve {gvk:?}: {d}"),
-                    ),
-                    other => ApiFailure::from_kube(other),
-                })?;
-        let resolved = Resolved {
-            plural: resource.plural.clone(),
-            resource,
-            namespaced: caps.scope == Scope::Namespaced,
-        };
-        self.kinds.lock().await.insert(key, resolved.clone());
-        Ok(resolved)
+        self.discovery.resolve(kind).await
     }
 
-    fn api(&self, r: &Resolved, namespace: Option<&str>) -> Result<Api<DynamicObject>, ApiFailure> {
+    fn api(
+        client: &kube::Client,
+        r: &Resolved,
+        namespace: Option<&str>,
+    ) -> Result<Api<DynamicObject>, ApiFailure> {
         match (r.namespaced, namespace) {
-            (true, Some(ns)) => Ok(Api::namespaced_with(self.client.clone(), ns, &r.resource)),
-            (true, None) => Ok(Api::all_with(self.client.clone(), &r.resource)),
-            (false, None) => Ok(Api::all_with(self.client.clone(), &r.resource)),
+            (true, Some(ns)) => Ok(Api::namespaced_with(client.clone(), ns, &r.resource)),
+            (true, None) | (false, None) => Ok(Api::all_with(client.clone(), &r.resource)),
             (false, Some(_)) => Err(ApiFailure::bad_request(format!(
                 "{} is cluster-scoped: give no namespace",
                 r.plural
@@ -189,15 +161,16 @@ impl ApiAccess {
         }
     }
 
-    /// Makes one API call; bodies are JSON text, answers are JSON text.
+    /// Makes one API call with `client` (the plugin's identity); bodies and answers are JSON text.
     pub async fn call(
         &self,
+        client: &kube::Client,
         plugin: &str,
         r: &Resolved,
         req: &ApiRequest<'_>,
     ) -> Result<String, ApiFailure> {
         self.limit.acquire().await;
-        let fut = self.call_inner(plugin, r, req);
+        let fut = Self::call_inner(client, plugin, r, req);
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(ApiFailure::new(
@@ -209,7 +182,7 @@ impl ApiAccess {
     }
 
     async fn call_inner(
-        &self,
+        client: &kube::Client,
         plugin: &str,
         r: &Resolved,
         req: &ApiRequest<'_>,
@@ -222,7 +195,7 @@ impl ApiAccess {
             body,
             ..
         } = *req;
-        let api = self.api(r, namespace)?;
+        let api = Self::api(client, r, namespace)?;
         let name = || name.ok_or_else(|| ApiFailure::bad_request("a name is required"));
         let json = || -> Result<serde_json::Value, ApiFailure> {
             serde_json::from_str(body.unwrap_or(""))

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::cluster::services::BudgetSettings;
 use crate::sandbox::Limits;
 
 /// `NAME.toml`. Every key is optional; unknown keys are an error (a typo must not pass silently).
@@ -28,6 +29,13 @@ pub struct PluginSettings {
     /// `"worker"`: each worker keeps one instance across calls (faster; for plugins that keep no
     /// state), replaced after any failure.
     pub isolation: Option<Isolation>,
+    /// API requests per second of this plugin, and the burst above it (default: --plugin-api-qps
+    /// and --plugin-api-burst).
+    pub api_qps: Option<f64>,
+    pub api_burst: Option<u32>,
+    /// Instances of this plugin alive at once, warm ones included (default:
+    /// --max-instances-per-plugin).
+    pub max_instances: Option<u32>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -51,11 +59,27 @@ impl PluginSettings {
         if s.memory_mb == Some(0) {
             return Err("memory_mb must be at least 1".into());
         }
+        if s.max_instances == Some(0) {
+            return Err("max_instances must be at least 1".into());
+        }
+        if s.api_qps.is_some_and(|q| !q.is_finite() || q < 0.0) {
+            return Err("api_qps must be a number of at least 0 (0: no per-plugin limit)".into());
+        }
         Ok(s)
     }
 
     pub fn enabled(&self) -> bool {
         self.enabled.unwrap_or(true)
+    }
+
+    /// The plugin's budgets: host defaults, overridden where the operator says.
+    pub fn budgets(&self, defaults: &BudgetSettings) -> BudgetSettings {
+        BudgetSettings {
+            api_qps: self.api_qps.unwrap_or(defaults.api_qps),
+            api_burst: self.api_burst.unwrap_or(defaults.api_burst),
+            max_instances: self.max_instances.unwrap_or(defaults.max_instances),
+            ..*defaults
+        }
     }
 
     /// The call limits: host defaults, overridden where the operator says.

@@ -1,0 +1,293 @@
+//! What a running plugin may reach through its host calls, and the checks on the way: every value
+//! validated (`contract::validate`), every API call fenced by the declared permissions in memory,
+//! then made under the plugin's own identity within its own budget; cache reads only from the
+//! informers it was granted; events only about kinds it watches or declared.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::cluster::api::{ApiAccess, ApiFailure, ApiRequest};
+use crate::cluster::events::{EventSink, PluginEvent};
+use crate::cluster::identity::PluginIdentity;
+use crate::cluster::permissions::{Grants, Refusal};
+use crate::contract::validate::{self, Invalid};
+use crate::contract::{KindKey, KindRef, ObjectKey};
+use crate::engine::cache::ObjectStore;
+use crate::engine::rate_limit::TokenBucket;
+use crate::metrics::Metrics;
+
+/// One store per watched kind, with the namespace it is limited to (the first watch of a kind
+/// wins when several select different subsets; cache reads by kind then see that subset).
+#[derive(Default)]
+pub struct PluginCache {
+    stores: Vec<(KindKey, Option<String>, Arc<ObjectStore>)>,
+}
+
+impl PluginCache {
+    pub fn add(&mut self, kind: KindKey, namespace: Option<String>, store: Arc<ObjectStore>) {
+        if !self.stores.iter().any(|(k, _, _)| *k == kind) {
+            self.stores.push((kind, namespace, store));
+        }
+    }
+
+    pub fn store(&self, kind: &KindKey) -> Option<&Arc<ObjectStore>> {
+        self.stores
+            .iter()
+            .find(|(k, _, _)| k == kind)
+            .map(|(_, _, s)| s)
+    }
+
+    /// Whether the plugin watches `kind` where `namespace` lies.
+    pub fn covers(&self, kind: &KindKey, namespace: Option<&str>) -> bool {
+        self.stores
+            .iter()
+            .any(|(k, ns, _)| k == kind && (ns.is_none() || ns.as_deref() == namespace))
+    }
+}
+
+/// Per-plugin budgets: what one plugin may take of the host, so it cannot take it from others.
+pub struct Budgets {
+    /// API calls of this plugin (QPS and burst), before the host-wide bucket.
+    pub api: TokenBucket,
+    /// Log lines: the plugin's own and the host's warnings about it. Lines over it are dropped and
+    /// counted.
+    pub logs: TokenBucket,
+    /// Instances of this plugin alive at once (warm ones included).
+    pub instances: Arc<Semaphore>,
+    dropped_logs: AtomicU64,
+}
+
+/// The operator's budget settings for one plugin.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetSettings {
+    pub api_qps: f64,
+    pub api_burst: u32,
+    pub log_lines_per_second: f64,
+    pub log_burst: u32,
+    pub max_instances: u32,
+}
+
+impl Default for BudgetSettings {
+    fn default() -> Self {
+        BudgetSettings {
+            api_qps: 20.0,
+            api_burst: 40,
+            log_lines_per_second: 50.0,
+            log_burst: 200,
+            max_instances: 16,
+        }
+    }
+}
+
+impl Budgets {
+    pub fn new(s: &BudgetSettings) -> Self {
+        Budgets {
+            api: TokenBucket::new(s.api_qps, s.api_burst),
+            logs: TokenBucket::new(s.log_lines_per_second, s.log_burst),
+            instances: Arc::new(Semaphore::new(s.max_instances.max(1) as usize)),
+            dropped_logs: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether one more log line may be written; counts the ones that may not.
+    pub fn log_line(&self) -> bool {
+        if self.logs.try_take() {
+            true
+        } else {
+            self.dropped_logs.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+    }
+
+    /// Log lines dropped since the last call (reported as one line when the budget allows).
+    pub fn take_dropped_logs(&self) -> u64 {
+        self.dropped_logs.swap(0, Ordering::Relaxed)
+    }
+}
+
+/// What only a loaded plugin has (a plugin being described has none of it).
+pub struct Reach {
+    pub grants: Grants,
+    pub identity: PluginIdentity,
+    pub api: ApiAccess,
+    pub cache: PluginCache,
+    pub events: EventSink,
+    pub secrets: BTreeMap<String, String>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Everything a plugin's host calls can use. Built once per loaded plugin and shared by its calls;
+/// `describe` runs with [`Services::for_describe`], which refuses API, cache and event calls.
+pub struct Services {
+    plugin: Arc<str>,
+    pub(crate) reach: Option<Reach>,
+    pub(crate) config: BTreeMap<String, String>,
+    pub(crate) budgets: Budgets,
+    /// Hosts for outbound HTTP: declared by the plugin and allowed by the operator.
+    pub(crate) allowed_hosts: Arc<[String]>,
+}
+
+impl Services {
+    pub fn for_describe(plugin: &str, config: BTreeMap<String, String>) -> Self {
+        Services {
+            plugin: plugin.into(),
+            reach: None,
+            config,
+            budgets: Budgets::new(&BudgetSettings::default()),
+            allowed_hosts: Arc::from(Vec::new()),
+        }
+    }
+
+    pub fn new(
+        plugin: &str,
+        reach: Reach,
+        config: BTreeMap<String, String>,
+        budgets: &BudgetSettings,
+        allowed_hosts: Vec<String>,
+    ) -> Self {
+        Services {
+            plugin: plugin.into(),
+            reach: Some(reach),
+            config,
+            budgets: Budgets::new(budgets),
+            allowed_hosts: allowed_hosts.into(),
+        }
+    }
+
+    pub fn plugin_name(&self) -> &str {
+        &self.plugin
+    }
+
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.reach.as_ref().map(|r| &r.metrics)
+    }
+
+    pub fn secret(&self, key: &str) -> Option<&String> {
+        self.reach.as_ref()?.secrets.get(key)
+    }
+
+    /// A slot for one instance of this plugin; waits while the plugin has its maximum alive.
+    pub async fn instance_permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.budgets.instances.clone().acquire_owned().await.ok()
+    }
+
+    /// Writes a warning about this plugin, within its log budget.
+    pub fn warn(&self, message: std::fmt::Arguments<'_>) {
+        if self.budgets.log_line() {
+            tracing::warn!(plugin = %self.plugin, "{message}");
+        }
+    }
+
+    /// Validates, fences, then makes the API call as the plugin.
+    pub async fn api_call(&self, req: &ApiRequest<'_>) -> Result<String, ApiFailure> {
+        let Some(reach) = &self.reach else {
+            return Err(ApiFailure::unavailable(
+                "API calls are not available while the plugin is being described",
+            ));
+        };
+        let verb = req.verb.as_str();
+        if let Err(e) = check_request(req) {
+            self.warn(format_args!("API call refused ({verb}): {e}"));
+            reach.metrics.invalid_call(&self.plugin, verb);
+            return Err(ApiFailure::bad_request(e.to_string()));
+        }
+        let resolved = match reach.grants.check(req.kind, req.subresource, verb) {
+            Ok(r) => r,
+            Err(Refusal::Undeclared { resource }) => {
+                let group = &req.kind.group;
+                self.warn(format_args!(
+                    "undeclared API call refused: {verb} {} (group {})",
+                    validate::shown(&resource),
+                    validate::shown(group)
+                ));
+                // The label is a declared plural or "undeclared": never a guest's free string.
+                let label = if reach.grants.covers(&KindKey::from(req.kind)) {
+                    resource.as_str()
+                } else {
+                    "undeclared"
+                };
+                reach.metrics.forbidden_call(&self.plugin, verb, label);
+                return Err(ApiFailure::forbidden(&self.plugin, verb, group, &resource));
+            }
+            Err(Refusal::NotServed(why)) => return Err(ApiFailure::not_found(why)),
+        };
+        self.budgets.api.acquire().await;
+        reach
+            .api
+            .call(reach.identity.client(), &self.plugin, &resolved, req)
+            .await
+    }
+
+    /// Records an event about an object of a kind the plugin watches (in the namespace it watches)
+    /// or declared permissions for; anything else is refused here, and the API server checks the
+    /// write again under the plugin's identity.
+    pub fn record_event(&self, event: PluginEvent, kind: &KindRef) {
+        let Some(reach) = &self.reach else {
+            tracing::debug!(plugin = %self.plugin, "event dropped: events are not available while describing");
+            return;
+        };
+        let refused = check_event(&event, kind).err().or_else(|| {
+            let k = KindKey::from(kind);
+            let ours =
+                reach.cache.covers(&k, event.namespace.as_deref()) || reach.grants.covers(&k);
+            (!ours).then(|| format!("{k} is neither watched (there) nor declared by the plugin"))
+        });
+        if let Some(why) = refused {
+            self.warn(format_args!("event refused: {why}"));
+            reach.metrics.invalid_call(&self.plugin, "event");
+            return;
+        }
+        reach.events.record(&self.plugin, event);
+    }
+
+    pub fn cache_store(&self, kind: &KindRef) -> Option<&Arc<ObjectStore>> {
+        self.reach.as_ref()?.cache.store(&KindKey::from(kind))
+    }
+
+    /// Counts a refused cache or config call (bad key or selector).
+    pub fn invalid_call(&self, call: &str, e: &Invalid) {
+        self.warn(format_args!("{call} refused: {e}"));
+        if let Some(m) = self.metrics() {
+            m.invalid_call(&self.plugin, call);
+        }
+    }
+}
+
+/// Checks every guest value of an API request.
+fn check_request(req: &ApiRequest<'_>) -> Result<(), Invalid> {
+    validate::kind(req.kind)?;
+    if let Some(ns) = req.namespace {
+        validate::namespace(ns)?;
+    }
+    if let Some(name) = req.name {
+        validate::name(name)?;
+    }
+    if req.verb == crate::cluster::api::Verb::List
+        && let Some(sel) = req.body
+    {
+        validate::label_selector(sel)?;
+    }
+    Ok(())
+}
+
+fn check_event(e: &PluginEvent, kind: &KindRef) -> Result<(), String> {
+    validate::kind(kind).map_err(|e| e.to_string())?;
+    if let Some(ns) = &e.namespace {
+        validate::namespace(ns).map_err(|e| e.to_string())?;
+    }
+    validate::name(&e.name).map_err(|e| e.to_string())?;
+    if let Some(uid) = &e.uid {
+        validate::uid(uid).map_err(|e| e.to_string())?;
+    }
+    validate::event_word("reason", &e.reason).map_err(|e| e.to_string())?;
+    validate::event_word("action", &e.action).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Turns an object key into the store's key.
+pub fn store_key(key: &ObjectKey) -> crate::engine::cache::Key {
+    crate::engine::cache::Key::new(key.namespace.as_deref(), &key.name)
+}

@@ -1,0 +1,398 @@
+//! Checks for every value a guest hands the host, before it shapes a request path, a query, a
+//! metric label or a log line. The rules are Kubernetes' own (DNS-1123 labels and subdomains, path
+//! segment names), kept strict: a value that passes can be put into a URL path as it is.
+
+use super::{KindRef, ObjectKey};
+
+/// A value from a guest that was refused, and why. Its `Display` is safe to log: the offending
+/// value is quoted with escapes and cut short.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {}: {why}", shown(value))]
+pub struct Invalid {
+    pub what: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+impl Invalid {
+    fn new(what: &'static str, value: &str, why: impl Into<String>) -> Self {
+        Invalid {
+            what,
+            value: value.chars().take(80).collect(),
+            why: why.into(),
+        }
+    }
+}
+
+/// A guest string as it may appear in a log line or an error: escaped (no newlines or control
+/// characters survive) and at most 80 characters, quoted.
+pub fn shown(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(80)
+        .collect::<String>()
+        .escape_debug()
+        .to_string();
+    if s.chars().count() > 80 {
+        out.push('…');
+    }
+    format!("\"{out}\"")
+}
+
+/// A namespace: a DNS-1123 label (lowercase letters, digits, '-'; at most 63).
+pub fn namespace(ns: &str) -> Result<(), Invalid> {
+    dns_label(ns).map_err(|why| Invalid::new("namespace", ns, why))
+}
+
+/// An object name as it may stand in a request path: 1–253 characters from letters, digits and
+/// `-._:`, not `.` or `..` (Kubernetes' path segment rule, minus anything a URL would interpret).
+pub fn name(n: &str) -> Result<(), Invalid> {
+    let bad = |why: &str| Err(Invalid::new("name", n, why));
+    if n.is_empty() {
+        return bad("must not be empty");
+    }
+    if n.len() > 253 {
+        return bad("must be at most 253 characters");
+    }
+    if n == "." || n == ".." {
+        return bad("must not be '.' or '..'");
+    }
+    if let Some(c) = n
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':')))
+    {
+        return bad(&format!(
+            "character {} is not allowed (letters, digits and '-._:' only)",
+            c.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// An object key: its namespace (when given) and its name.
+pub fn object_key(k: &ObjectKey) -> Result<(), Invalid> {
+    if let Some(ns) = &k.namespace {
+        namespace(ns)?;
+    }
+    name(&k.name)
+}
+
+/// A kind: group a DNS-1123 subdomain or "" (core), version a DNS-1123 label, kind a CamelCase
+/// identifier.
+pub fn kind(k: &KindRef) -> Result<(), Invalid> {
+    if !k.group.is_empty() {
+        dns_subdomain(&k.group).map_err(|why| Invalid::new("API group", &k.group, why))?;
+    }
+    dns_label(&k.version).map_err(|why| Invalid::new("API version", &k.version, why))?;
+    let ok = !k.kind.is_empty()
+        && k.kind.len() <= 63
+        && k.kind.starts_with(|c: char| c.is_ascii_alphabetic())
+        && k.kind.chars().all(|c| c.is_ascii_alphanumeric());
+    if !ok {
+        return Err(Invalid::new(
+            "kind",
+            &k.kind,
+            "must be letters and digits, starting with a letter, at most 63",
+        ));
+    }
+    Ok(())
+}
+
+/// A label selector in the API server's syntax (parsed, so nothing but a selector reaches a query).
+pub fn label_selector(s: &str) -> Result<(), Invalid> {
+    if s.len() > 4096 {
+        return Err(Invalid::new(
+            "label selector",
+            s,
+            "must be at most 4096 bytes",
+        ));
+    }
+    crate::selector::Selector::parse(s).map_err(|e| Invalid::new("label selector", s, e))?;
+    Ok(())
+}
+
+/// A UID as the API server makes them (a UUID; letters, digits and '-', at most 128).
+pub fn uid(u: &str) -> Result<(), Invalid> {
+    let ok =
+        !u.is_empty() && u.len() <= 128 && u.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Invalid::new("uid", u, "must be letters, digits and '-'"))
+    }
+}
+
+/// An event's reason or action: 1–128 characters from letters, digits and `-._:` (the API server
+/// allows 128; CamelCase words are the convention).
+pub fn event_word(what: &'static str, s: &str) -> Result<(), Invalid> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Invalid::new(
+            what,
+            s,
+            "must be 1-128 characters from letters, digits and '-._:'",
+        ))
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A guest's log text made safe for one log line: control characters (newlines included) escaped,
+/// at most `max` bytes kept.
+pub fn log_text(s: &str, max: usize) -> String {
+    let cut = truncate(s, max);
+    let mut out = String::with_capacity(cut.len());
+    for c in cut.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if cut.len() < s.len() {
+        out.push_str("…[truncated]");
+    }
+    out
+}
+
+/// Caps on what one `describe` may declare: every per-plugin structure the host builds from it is
+/// bounded by these.
+pub const MAX_SECONDARIES: usize = 32;
+pub const MAX_PERMISSIONS: usize = 64;
+pub const MAX_OUTBOUND_HOSTS: usize = 32;
+pub const MAX_CONFIG_KEYS: usize = 256;
+pub const MAX_EXTENSIONS: usize = 64;
+
+/// RBAC verbs a plugin may declare.
+const VERBS: &[&str] = &[
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "*",
+];
+
+/// Checks what `describe` returned, before anything is built from it.
+pub fn description(d: &super::Description) -> Result<(), String> {
+    let name = &d.name;
+    dns_label(name).map_err(|why| format!("plugin name {} {why}", shown(name)))?;
+    let short = |what: &str, s: &str, max: usize| {
+        if s.len() > max {
+            Err(format!("plugin {name}: {what} is longer than {max} bytes"))
+        } else {
+            Ok(())
+        }
+    };
+    short("version", &d.version, 128)?;
+    let caps = [
+        ("secondaries", d.secondaries.len(), MAX_SECONDARIES),
+        ("permissions", d.permissions.len(), MAX_PERMISSIONS),
+        ("outbound hosts", d.outbound_hosts.len(), MAX_OUTBOUND_HOSTS),
+        ("config keys", d.config_keys.len(), MAX_CONFIG_KEYS),
+        ("extensions", d.extensions.len(), MAX_EXTENSIONS),
+    ];
+    for (what, n, max) in caps {
+        if n > max {
+            return Err(format!(
+                "plugin {name} declares {n} {what}; at most {max} are allowed"
+            ));
+        }
+    }
+    for w in std::iter::once(&d.primary).chain(d.secondaries.iter().map(|s| &s.watch)) {
+        kind(&w.kind).map_err(|e| format!("plugin {name}: a watch has an {e}"))?;
+        if let Some(ns) = w.namespace.as_deref().filter(|ns| !ns.is_empty()) {
+            namespace(ns).map_err(|e| format!("plugin {name}: a watch has an {e}"))?;
+        }
+        if let Some(sel) = &w.label_selector {
+            label_selector(sel).map_err(|e| format!("plugin {name}: {e}"))?;
+        }
+    }
+    for s in &d.secondaries {
+        if let super::Mapping::FixedKey(k) = &s.mapping {
+            object_key(k).map_err(|e| format!("plugin {name}: a fixed key has an {e}"))?;
+        }
+    }
+    for p in &d.permissions {
+        if !p.group.is_empty() {
+            dns_subdomain(&p.group).map_err(|why| {
+                format!("plugin {name}: permission group {} {why}", shown(&p.group))
+            })?;
+        }
+        let resource_ok = p.resource == "*"
+            || p.resource.split('/').count() <= 2
+                && p.resource.split('/').all(|part| dns_label(part).is_ok());
+        if !resource_ok {
+            return Err(format!(
+                "plugin {name}: permission resource {} is not a plural resource name (\"nodes\", \"networks/status\" or \"*\")",
+                shown(&p.resource)
+            ));
+        }
+        if p.verbs.is_empty() || p.verbs.len() > VERBS.len() {
+            return Err(format!(
+                "plugin {name}: permission on {} needs 1 to {} verbs",
+                p.resource,
+                VERBS.len()
+            ));
+        }
+        if let Some(v) = p.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
+            return Err(format!(
+                "plugin {name}: {} is not an RBAC verb ({})",
+                shown(v),
+                VERBS.join(", ")
+            ));
+        }
+    }
+    for h in &d.outbound_hosts {
+        short("an outbound host", h, 260)?;
+    }
+    for k in &d.config_keys {
+        short("a config key", k, 253)?;
+    }
+    if d.workers == Some(0) {
+        return Err(format!("plugin {name} declares 0 workers"));
+    }
+    for (k, v) in &d.extensions {
+        short("an extension key", k, 253)?;
+        short("an extension value", v, 64 << 10)?;
+        if serde_json::from_str::<serde_json::Value>(v).is_err() {
+            return Err(format!("plugin {name}: extension {} is not JSON", shown(k)));
+        }
+    }
+    Ok(())
+}
+
+fn dns_label(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || s.len() > 63 {
+        return Err("must be 1-63 characters");
+    }
+    if !s
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err("must be lowercase letters, digits and '-'");
+    }
+    if s.starts_with('-') || s.ends_with('-') {
+        return Err("must start and end with a letter or digit");
+    }
+    Ok(())
+}
+
+fn dns_subdomain(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || s.len() > 253 {
+        return Err("must be 1-253 characters");
+    }
+    s.split('.').try_for_each(dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ns: Option<&str>, n: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: ns.map(str::to_string),
+            name: n.into(),
+        }
+    }
+
+    #[test]
+    fn path_injection_through_namespace_or_name_is_refused() {
+        for ns in [
+            "kube-system/secrets/topsecret?",
+            "kube-system%2Fsecrets",
+            "..",
+            "a/../b",
+            "ns#frag",
+            "ns?watch=1",
+            "ns\n",
+            "",
+            "UPPER",
+            &"a".repeat(64),
+        ] {
+            assert!(
+                object_key(&key(Some(ns), "x")).is_err(),
+                "namespace {ns:?} passed"
+            );
+        }
+        for n in [
+            "..",
+            ".",
+            "a/b",
+            "x%2F..%2Fsecrets",
+            "x?dryRun=All",
+            "x#y",
+            "x y",
+            "x\u{0}",
+            "é",
+            "",
+            &"a".repeat(254),
+        ] {
+            assert!(name(n).is_err(), "name {n:?} passed");
+        }
+    }
+
+    #[test]
+    fn ordinary_names_pass() {
+        for n in [
+            "web-0",
+            "control-plane-1",
+            "system:controller:pods",
+            "a.b.c",
+            "My_Name",
+        ] {
+            assert!(name(n).is_ok(), "{n}");
+        }
+        assert!(object_key(&key(Some("kube-system"), "coredns")).is_ok());
+        assert!(object_key(&key(None, "node-1")).is_ok());
+    }
+
+    #[test]
+    fn kinds_are_checked_part_by_part() {
+        let k = |g: &str, v: &str, kd: &str| KindRef {
+            group: g.into(),
+            version: v.into(),
+            kind: kd.into(),
+        };
+        assert!(kind(&k("", "v1", "Pod")).is_ok());
+        assert!(kind(&k("samplecrd.k8s.io", "v1", "Network")).is_ok());
+        assert!(kind(&k("../api", "v1", "Pod")).is_err());
+        assert!(kind(&k("", "v1/namespaces", "Pod")).is_err());
+        assert!(kind(&k("", "v1", "Pod/x")).is_err());
+        assert!(kind(&k("", "", "Pod")).is_err());
+    }
+
+    #[test]
+    fn log_text_escapes_newlines_and_cuts_long_text() {
+        assert_eq!(log_text("a\nb\tc", 100), "a\\nb\\tc");
+        let long = "x".repeat(10_000);
+        let out = log_text(&long, 100);
+        assert!(out.len() < 120 && out.ends_with("[truncated]"), "{out}");
+        assert_eq!(truncate("héllo", 2), "h");
+        assert!(shown(&"\n".repeat(500)).len() < 200);
+    }
+
+    #[test]
+    fn selectors_are_parsed() {
+        assert!(label_selector("app=web,tier!=db").is_ok());
+        assert!(label_selector("app=web&watch=true").is_err());
+    }
+}

@@ -1,0 +1,775 @@
+//! The plugins directory: each `NAME.wasm` is a plugin, with an optional `NAME.toml` beside it.
+//!
+//! The directory is watched (inotify through `notify`, plus a periodic rescan as a safety net).
+//! Every change leads to one rescan that compares what is on disk (file contents, followed through
+//! symlinks, so atomic renames and ConfigMap-style `..data` swaps look the same) with what runs:
+//! - a new file starts a plugin;
+//! - a changed file (or its settings) loads the new version; with the same watches it replaces the
+//!   running version in place (in-flight calls finish first, the queue is kept), otherwise the
+//!   controller is restarted;
+//! - a removed file stops its plugin and releases its informers.
+//!
+//! A plugin starts only once the API server says its own identity may list and watch everything it
+//! declared to watch (a SelfSubjectAccessReview made as the plugin); until then it waits, with the
+//! missing rule in `/plugins`, and is checked again every few seconds, so a grant the operator
+//! applies later starts it without a restart. A running plugin whose grant is revoked goes back to
+//! waiting. Other causes that can pass by themselves (a kind not served yet, a Secret not there yet,
+//! the API server unreachable, the plugin's name held by another file) wait the same way. A bad file
+//! is refused with a clear error, once per content, and what was running keeps running, including
+//! the previous version of a plugin whose update is bad.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use tokio::sync::Mutex;
+
+use crate::cluster::api::ApiFailure;
+use crate::cluster::events::EventSink;
+use crate::cluster::identity::{Access, IdentitySettings, PluginIdentity};
+use crate::cluster::permissions::Permissions;
+use crate::cluster::services::{BudgetSettings, Reach, Services};
+use crate::engine::controller::{
+    Controller, ControllerParts, Version, plugin_cache, resolve_watches,
+};
+use crate::engine::informer::InformerKey;
+use crate::loading::settings::{PluginSettings, SecretRef};
+use crate::sandbox::Limits;
+
+/// Limits on what the directory may hold, and what every plugin gets by default.
+#[derive(Debug, Clone)]
+pub struct DirSettings {
+    pub dir: PathBuf,
+    pub max_wasm_bytes: u64,
+    pub rescan: Duration,
+    /// How often plugins that wait (for a grant, a kind, a Secret) are tried again.
+    pub wait_retry: Duration,
+    pub default_limits: Limits,
+    pub default_workers: u32,
+    /// No plugin gets more workers than this, whatever it or its NAME.toml asks for.
+    pub max_workers: u32,
+    /// Per-plugin budgets (NAME.toml may change the API budget and the instance cap).
+    pub budgets: BudgetSettings,
+    /// Hosts the operator allows for any plugin's outbound HTTP.
+    pub allowed_hosts: Vec<String>,
+    pub identity: IdentitySettings,
+}
+
+/// Largest NAME.toml accepted.
+const MAX_SETTINGS_BYTES: u64 = 64 << 10;
+
+/// What is on disk for one plugin file.
+#[derive(Debug, Clone, PartialEq)]
+struct OnDisk {
+    wasm: PathBuf,
+    wasm_sha: String,
+    settings_text: Option<String>,
+}
+
+struct Running {
+    name: String,
+    disk: OnDisk,
+    controller: Option<Controller>,
+    /// What its identity must keep being allowed (checked again at every rescan).
+    accesses: Vec<Access>,
+    identity: Option<PluginIdentity>,
+}
+
+/// Why a plugin waits; each has a fixed name (for metrics) and a message (for `/plugins`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitReason {
+    /// Its identity may not list/watch what it declared, or the host may not act as it.
+    Forbidden,
+    /// A kind, group or Secret it needs is not there yet.
+    NotServed,
+    /// The API server did not answer.
+    Unreachable,
+    /// Another file runs a plugin of the same name.
+    NameTaken,
+}
+
+impl WaitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::Forbidden => "forbidden",
+            WaitReason::NotServed => "not_served",
+            WaitReason::Unreachable => "unreachable",
+            WaitReason::NameTaken => "name_taken",
+        }
+    }
+
+    fn of(f: &ApiFailure) -> Self {
+        match f.code {
+            401 | 403 => WaitReason::Forbidden,
+            404 => WaitReason::NotServed,
+            _ => WaitReason::Unreachable,
+        }
+    }
+}
+
+/// Why a load did not start the plugin.
+enum LoadError {
+    /// Until the file changes (bad wasm, wrong world, invalid declaration or settings).
+    Refused(anyhow::Error),
+    /// Tried again every `wait_retry`.
+    Waiting {
+        plugin: String,
+        reason: WaitReason,
+        message: String,
+    },
+}
+
+impl From<anyhow::Error> for LoadError {
+    fn from(e: anyhow::Error) -> Self {
+        LoadError::Refused(e)
+    }
+}
+
+/// The state of one file, for status and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileStatus {
+    /// `update_refused`: a newer file was refused, and this version keeps running.
+    Running {
+        plugin: String,
+        sha256: String,
+        update_refused: Option<String>,
+    },
+    Disabled {
+        plugin: String,
+    },
+    /// Not started yet; tried again by itself.
+    Waiting {
+        plugin: String,
+        reason: WaitReason,
+        message: String,
+    },
+    Refused {
+        error: String,
+    },
+}
+
+struct Waiting {
+    disk: OnDisk,
+    plugin: String,
+    reason: WaitReason,
+    message: String,
+}
+
+pub struct PluginManager {
+    parts: Arc<ControllerParts>,
+    events: EventSink,
+    settings: DirSettings,
+    /// The host's own client configuration, from which each plugin's identity is made.
+    kube_config: kube::Config,
+    /// By file stem.
+    running: Mutex<HashMap<String, Running>>,
+    /// Errors by file stem, with the content they were for (so each is logged once).
+    refused: Mutex<HashMap<String, (OnDisk, String)>>,
+    waiting: Mutex<HashMap<String, Waiting>>,
+    rescan_lock: Mutex<()>,
+}
+
+impl PluginManager {
+    pub fn new(
+        parts: Arc<ControllerParts>,
+        events: EventSink,
+        settings: DirSettings,
+        kube_config: kube::Config,
+    ) -> Arc<Self> {
+        Arc::new(PluginManager {
+            parts,
+            events,
+            settings,
+            kube_config,
+            running: Mutex::default(),
+            refused: Mutex::default(),
+            waiting: Mutex::default(),
+            rescan_lock: Mutex::new(()),
+        })
+    }
+
+    /// Scans once, then watches the directory until the task is dropped.
+    pub async fn run(self: Arc<Self>) -> Result<()> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if res.is_ok() {
+                let _ = tx.send(());
+            }
+        })
+        .context("start watching the plugins directory")?;
+        notify::Watcher::watch(
+            &mut watcher,
+            &self.settings.dir,
+            notify::RecursiveMode::NonRecursive,
+        )
+        .with_context(|| format!("watch {}", self.settings.dir.display()))?;
+        self.rescan().await;
+        let mut tick = tokio::time::interval(self.settings.rescan);
+        let mut retry = tokio::time::interval(self.settings.wait_retry);
+        loop {
+            tokio::select! {
+                got = rx.recv() => {
+                    if got.is_none() { return Ok(()); }
+                    // Let a burst of events (write, rename, symlink swap) settle into one rescan.
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    while rx.try_recv().is_ok() {}
+                }
+                _ = tick.tick() => {}
+                _ = retry.tick() => {
+                    if self.waiting.lock().await.is_empty() { continue; }
+                }
+            }
+            self.rescan().await;
+        }
+    }
+
+    /// Status of every file seen.
+    pub async fn status(&self) -> BTreeMap<String, FileStatus> {
+        let mut out = BTreeMap::new();
+        let refused = self.refused.lock().await;
+        for (stem, r) in self.running.lock().await.iter() {
+            let st = match &r.controller {
+                Some(_) => FileStatus::Running {
+                    plugin: r.name.clone(),
+                    sha256: r.disk.wasm_sha.clone(),
+                    update_refused: refused.get(stem).map(|(_, e)| e.clone()),
+                },
+                None => FileStatus::Disabled {
+                    plugin: r.name.clone(),
+                },
+            };
+            out.insert(stem.clone(), st);
+        }
+        for (stem, w) in self.waiting.lock().await.iter() {
+            out.entry(stem.clone())
+                .or_insert_with(|| FileStatus::Waiting {
+                    plugin: w.plugin.clone(),
+                    reason: w.reason,
+                    message: w.message.clone(),
+                });
+        }
+        for (stem, (_, err)) in refused.iter() {
+            out.entry(stem.clone())
+                .or_insert_with(|| FileStatus::Refused { error: err.clone() });
+        }
+        out
+    }
+
+    /// The running controller's queue length and version info, for tests.
+    pub async fn with_controller<R>(
+        &self,
+        plugin: &str,
+        f: impl FnOnce(&Controller) -> R,
+    ) -> Option<R> {
+        let running = self.running.lock().await;
+        running
+            .values()
+            .find(|r| r.name == plugin)
+            .and_then(|r| r.controller.as_ref())
+            .map(f)
+    }
+
+    /// Compares the directory with what runs and applies the difference.
+    pub async fn rescan(&self) {
+        let _one_at_a_time = self.rescan_lock.lock().await;
+        let on_disk = match self.read_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(dir = %self.settings.dir.display(), "cannot read the plugins directory: {e:#}");
+                return;
+            }
+        };
+        // Removed files.
+        let gone: Vec<String> = {
+            let running = self.running.lock().await;
+            running
+                .keys()
+                .filter(|k| !on_disk.contains_key(*k))
+                .cloned()
+                .collect()
+        };
+        for stem in gone {
+            let removed = self.running.lock().await.remove(&stem);
+            if let Some(r) = removed {
+                tracing::info!(plugin = %r.name, file = %stem, "plugin file removed: stopping");
+                self.stop_running(r).await;
+            }
+        }
+        self.refused
+            .lock()
+            .await
+            .retain(|stem, _| on_disk.contains_key(stem));
+        self.waiting.lock().await.retain(|stem, w| {
+            let keep = on_disk.contains_key(stem);
+            if !keep {
+                self.parts.metrics.plugin_waiting(&w.plugin, None);
+            }
+            keep
+        });
+        self.recheck_grants().await;
+        // New and changed files, in name order: of two files declaring one name, the first wins.
+        let mut stems: Vec<&String> = on_disk.keys().collect();
+        stems.sort();
+        for stem in stems {
+            let disk = &on_disk[stem];
+            let unchanged = self
+                .running
+                .lock()
+                .await
+                .get(stem)
+                .is_some_and(|r| r.disk == *disk);
+            let already_refused = self
+                .refused
+                .lock()
+                .await
+                .get(stem)
+                .is_some_and(|(d, _)| d == disk);
+            if unchanged || already_refused {
+                continue;
+            }
+            match self.load(stem, disk).await {
+                Ok(()) => {
+                    self.refused.lock().await.remove(stem);
+                    if let Some(w) = self.waiting.lock().await.remove(stem) {
+                        self.parts.metrics.plugin_waiting(&w.plugin, None);
+                    }
+                }
+                Err(LoadError::Waiting {
+                    plugin,
+                    reason,
+                    message,
+                }) => {
+                    self.refused.lock().await.remove(stem);
+                    self.parts
+                        .metrics
+                        .plugin_waiting(&plugin, Some(reason.as_str()));
+                    let mut waiting = self.waiting.lock().await;
+                    let changed = waiting
+                        .get(stem)
+                        .is_none_or(|w| w.message != message || w.disk != *disk);
+                    if changed {
+                        tracing::warn!(plugin = %plugin, file = %disk.wasm.display(), reason = reason.as_str(), "plugin waits: {message}");
+                    }
+                    waiting.insert(
+                        stem.clone(),
+                        Waiting {
+                            disk: disk.clone(),
+                            plugin,
+                            reason,
+                            message,
+                        },
+                    );
+                }
+                Err(LoadError::Refused(e)) => {
+                    let msg = format!("{e:#}");
+                    let keeps = if self.running.lock().await.contains_key(stem) {
+                        "; the previous version keeps running"
+                    } else {
+                        ""
+                    };
+                    tracing::error!(file = %disk.wasm.display(), "plugin refused: {msg}{keeps}");
+                    if let Some(w) = self.waiting.lock().await.remove(stem) {
+                        self.parts.metrics.plugin_waiting(&w.plugin, None);
+                    }
+                    self.refused
+                        .lock()
+                        .await
+                        .insert(stem.clone(), (disk.clone(), msg));
+                }
+            }
+        }
+        let n = self
+            .running
+            .lock()
+            .await
+            .values()
+            .filter(|r| r.controller.is_some())
+            .count();
+        self.parts.metrics.plugins_loaded(n);
+    }
+
+    /// Stops every running plugin whose identity lost a grant it needs; it waits again.
+    async fn recheck_grants(&self) {
+        let checks: Vec<(String, String, PluginIdentity, Vec<Access>)> = self
+            .running
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, r)| r.controller.is_some())
+            .filter_map(|(stem, r)| {
+                Some((
+                    stem.clone(),
+                    r.name.clone(),
+                    r.identity.clone()?,
+                    r.accesses.clone(),
+                ))
+            })
+            .collect();
+        for (stem, name, identity, accesses) in checks {
+            // An API server that does not answer revokes nothing.
+            let Ok(Some(denied)) = identity.first_denied(&accesses).await else {
+                continue;
+            };
+            let Some(r) = self.running.lock().await.remove(&stem) else {
+                continue;
+            };
+            let message = missing_grant(&identity, &denied);
+            tracing::warn!(plugin = %name, "grant revoked, stopping the plugin: {message}");
+            let disk = r.disk.clone();
+            self.stop_running(r).await;
+            self.parts
+                .metrics
+                .plugin_waiting(&name, Some(WaitReason::Forbidden.as_str()));
+            self.waiting.lock().await.insert(
+                stem,
+                Waiting {
+                    disk,
+                    plugin: name,
+                    reason: WaitReason::Forbidden,
+                    message,
+                },
+            );
+        }
+    }
+
+    async fn stop_running(&self, r: Running) {
+        if let Some(c) = r.controller {
+            c.stop().await;
+            self.events.unregister(&r.name);
+        }
+    }
+
+    fn read_dir(&self) -> Result<HashMap<String, OnDisk>> {
+        let mut out = HashMap::new();
+        for entry in std::fs::read_dir(&self.settings.dir)? {
+            let path = entry?.path();
+            let Some(stem) = wasm_stem(&path) else {
+                continue;
+            };
+            // Follow symlinks: a ConfigMap mount swaps `..data` and every file behind it at once.
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            if meta.len() > self.settings.max_wasm_bytes {
+                out.insert(
+                    stem.clone(),
+                    OnDisk {
+                        wasm: path.clone(),
+                        wasm_sha: format!("too-large:{}", meta.len()),
+                        settings_text: None,
+                    },
+                );
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            let settings_path = path.with_extension("toml");
+            let settings_text = std::fs::metadata(&settings_path)
+                .ok()
+                .filter(|m| m.is_file() && m.len() <= MAX_SETTINGS_BYTES)
+                .and_then(|_| std::fs::read_to_string(&settings_path).ok());
+            out.insert(
+                stem,
+                OnDisk {
+                    wasm: path,
+                    wasm_sha: crate::sandbox::sha256_hex(&bytes),
+                    settings_text,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    async fn load(&self, stem: &str, disk: &OnDisk) -> Result<(), LoadError> {
+        if let Some(size) = disk.wasm_sha.strip_prefix("too-large:") {
+            return Err(anyhow::anyhow!(
+                "{} is {size} bytes, over the {} byte limit (--max-plugin-bytes)",
+                disk.wasm.display(),
+                self.settings.max_wasm_bytes
+            )
+            .into());
+        }
+        let settings = match &disk.settings_text {
+            Some(text) => PluginSettings::parse(text).map_err(|e| {
+                anyhow::anyhow!("{}: {e}", disk.wasm.with_extension("toml").display())
+            })?,
+            None => PluginSettings::default(),
+        };
+        let bytes = tokio::fs::read(&disk.wasm)
+            .await
+            .with_context(|| format!("read {}", disk.wasm.display()))?;
+        let runtime = self.parts.runtime.clone();
+        let compiled = tokio::task::spawn_blocking(move || runtime.compile(&bytes))
+            .await
+            .context("compile task")??;
+        let limits = settings.limits(&self.settings.default_limits);
+        let describe_services = Arc::new(Services::for_describe(stem, settings.config.clone()));
+        let mut description = self
+            .parts
+            .runtime
+            .describe(&compiled, describe_services, &limits)
+            .await
+            .map_err(|e| anyhow::anyhow!("describe failed: {e}"))?;
+        if let Some(name) = &settings.name {
+            description.name = name.clone();
+        }
+        crate::contract::validate::description(&description).map_err(anyhow::Error::msg)?;
+        let name = description.name.clone();
+        let waiting = |reason: WaitReason, message: String| LoadError::Waiting {
+            plugin: name.clone(),
+            reason,
+            message,
+        };
+        {
+            let running = self.running.lock().await;
+            if let Some((other, _)) = running
+                .iter()
+                .find(|(s, r)| r.name == name && s.as_str() != stem)
+            {
+                return Err(waiting(
+                    WaitReason::NameTaken,
+                    format!(
+                        "plugin name {name:?} is used by {other}.wasm; this file starts when that one goes"
+                    ),
+                ));
+            }
+        }
+        let identity = PluginIdentity::new(&self.kube_config, &self.settings.identity, &name)?;
+        let secrets = self
+            .resolve_secrets(&settings, &identity)
+            .await
+            .map_err(|(f, m)| waiting(WaitReason::of(&f), m))?;
+        let watches = resolve_watches(&self.parts.api, &description)
+            .await
+            .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
+        let grants = Permissions::new(description.permissions.clone())
+            .resolve(self.parts.api.discovery())
+            .await
+            .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
+        let accesses = watch_accesses(&watches);
+        match identity.first_denied(&accesses).await {
+            Ok(None) => {}
+            Ok(Some(denied)) => {
+                return Err(waiting(
+                    WaitReason::Forbidden,
+                    missing_grant(&identity, &denied),
+                ));
+            }
+            Err(e) => {
+                return Err(waiting(
+                    WaitReason::Unreachable,
+                    format!(
+                        "cannot check the grants of {} (does the host may impersonate it?): {e:#}",
+                        identity.username
+                    ),
+                ));
+            }
+        }
+        let keys: Vec<_> = watches.iter().map(|(k, _)| k.clone()).collect();
+        let namespaced: Vec<bool> = watches.iter().map(|(_, n)| *n).collect();
+        let asked = settings
+            .workers
+            .or(description.workers)
+            .unwrap_or(self.settings.default_workers)
+            .max(1);
+        let workers = asked.min(self.settings.max_workers.max(1));
+        if workers < asked {
+            tracing::warn!(plugin = %name, asked, workers, "workers capped (--max-workers-per-plugin)");
+        }
+        let resync = settings
+            .resync_seconds
+            .or(description.resync_seconds)
+            .map(|s| Duration::from_secs(u64::from(s)));
+
+        let mut running = self.running.lock().await;
+        let previous = running.remove(stem);
+        // Hosts: what the plugin declared and the operator allowed (globally or for this plugin).
+        let allowed_hosts: Vec<String> = description
+            .outbound_hosts
+            .iter()
+            .filter(|h| {
+                self.settings.allowed_hosts.contains(h) || settings.allowed_hosts.contains(h)
+            })
+            .cloned()
+            .collect();
+        if !settings.enabled() {
+            if let Some(p) = previous {
+                self.stop_running(p).await;
+            }
+            tracing::info!(plugin = %name, "plugin disabled by its settings");
+            running.insert(
+                stem.to_string(),
+                Running {
+                    name: name.clone(),
+                    disk: disk.clone(),
+                    controller: None,
+                    accesses: Vec::new(),
+                    identity: None,
+                },
+            );
+            return Ok(());
+        }
+        let informers: Vec<_> = keys
+            .iter()
+            .map(|k| self.parts.informers.acquire(k.clone()))
+            .collect();
+        self.events.register(&name, identity.client().clone());
+        let services = Arc::new(Services::new(
+            &name,
+            Reach {
+                grants,
+                identity: identity.clone(),
+                api: self.parts.api.clone(),
+                cache: plugin_cache(&informers),
+                events: self.events.clone(),
+                secrets,
+                metrics: self.parts.metrics.clone(),
+            },
+            settings.config.clone(),
+            &settings.budgets(&self.settings.budgets),
+            allowed_hosts,
+        ));
+        let sha = compiled.sha256.clone();
+        let version = Version {
+            compiled,
+            description,
+            services,
+            limits,
+            isolation: settings.isolation.unwrap_or_default(),
+            id: Version::next_id(),
+        };
+        let same_shape = previous
+            .as_ref()
+            .and_then(|p| p.controller.as_ref())
+            .is_some_and(|c| c.name == name && c.informer_keys() == keys && c.workers() == workers);
+        let controller = match previous.and_then(|p| p.controller) {
+            Some(c) if same_shape => {
+                tracing::info!(plugin = %name, sha256 = %sha, "new version: replacing in place (queue kept)");
+                c.swap(version).await;
+                c
+            }
+            other => {
+                if let Some(c) = other {
+                    tracing::info!(plugin = %name, "new version watches differently: restarting its controller");
+                    let old_name = c.name.clone();
+                    c.stop().await;
+                    if old_name != name {
+                        self.events.unregister(&old_name);
+                    }
+                }
+                Controller::start(&self.parts, informers, namespaced, version, workers, resync)
+                    .await
+            }
+        };
+        tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, identity = %identity.username, "plugin running");
+        running.insert(
+            stem.to_string(),
+            Running {
+                name,
+                disk: disk.clone(),
+                controller: Some(controller),
+                accesses,
+                identity: Some(identity),
+            },
+        );
+        Ok(())
+    }
+
+    /// Reads the Secrets named in NAME.toml as the plugin (its identity must be allowed to).
+    async fn resolve_secrets(
+        &self,
+        settings: &PluginSettings,
+        identity: &PluginIdentity,
+    ) -> Result<BTreeMap<String, String>, (ApiFailure, String)> {
+        let mut out = BTreeMap::new();
+        for (key, reference) in &settings.secrets {
+            let r = SecretRef::parse(reference).map_err(|e| {
+                (
+                    ApiFailure::bad_request(e.clone()),
+                    format!("secrets.{key}: {e}"),
+                )
+            })?;
+            let api: Api<Secret> = Api::namespaced(identity.client().clone(), &r.namespace);
+            let secret = api.get(&r.name).await.map_err(|e| {
+                let f = ApiFailure::from_kube(e);
+                let m = format!(
+                    "secrets.{key}: read Secret {}/{} as {}: {} ({})",
+                    r.namespace, r.name, identity.username, f.message, f.reason
+                );
+                (f, m)
+            })?;
+            let value = secret
+                .data
+                .and_then(|d| d.get(&r.key).cloned())
+                .ok_or_else(|| {
+                    (
+                        ApiFailure::not_found("no such key"),
+                        format!(
+                            "secrets.{key}: Secret {}/{} has no key {:?}",
+                            r.namespace, r.name, r.key
+                        ),
+                    )
+                })?;
+            let text = String::from_utf8(value.0).map_err(|_| {
+                (
+                    ApiFailure::bad_request("not UTF-8"),
+                    format!("secrets.{key}: the value is not UTF-8"),
+                )
+            })?;
+            out.insert(key.clone(), text);
+        }
+        Ok(out)
+    }
+
+    /// Stops every plugin.
+    pub async fn stop_all(&self) {
+        let all: Vec<Running> = self.running.lock().await.drain().map(|(_, r)| r).collect();
+        for r in all {
+            self.stop_running(r).await;
+        }
+    }
+}
+
+/// What a plugin's identity must be allowed so the host serves it from shared informers: list and
+/// watch of each watched kind, in the watched namespace (or all).
+fn watch_accesses(watches: &[(InformerKey, bool)]) -> Vec<Access> {
+    let mut out = Vec::new();
+    for (k, _) in watches {
+        for verb in ["list", "watch"] {
+            let a = Access {
+                verb,
+                group: k.group.clone(),
+                resource: k.plural.clone(),
+                namespace: k.namespace.clone(),
+            };
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    out
+}
+
+fn missing_grant(identity: &PluginIdentity, denied: &Access) -> String {
+    format!(
+        "{} may not {denied}: apply the RBAC that `wasm-controller-manager rbac` prints for this plugin",
+        identity.username
+    )
+}
+
+fn wasm_stem(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    // Hidden files are editors' and ConfigMap mounts' own (`..data`, `.swp`).
+    if name.starts_with('.') {
+        return None;
+    }
+    name.strip_suffix(".wasm").map(str::to_string)
+}

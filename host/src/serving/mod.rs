@@ -1,0 +1,91 @@
+//! What the manager serves over HTTP on `--metrics-addr`: `/metrics` (Prometheus), `/healthz`,
+//! `/readyz` and `/plugins` (each file's state and why).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+
+use crate::loading::plugins::{FileStatus, PluginManager};
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+struct HttpState {
+    metrics: Arc<Metrics>,
+    plugins: Arc<PluginManager>,
+}
+
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    plugins: Arc<PluginManager>,
+) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<HttpState>| async move { s.metrics.encode() }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/plugins", get(plugins_status))
+        .with_state(HttpState { metrics, plugins });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listen on {addr} (--metrics-addr)"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /plugins");
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("metrics server ended: {e}");
+        }
+    });
+    Ok((task, bound))
+}
+
+/// Ready once the first scan is done: every plugin that loads has synced its informers.
+async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    let status = s.plugins.status().await;
+    let running = status
+        .values()
+        .filter(|s| matches!(s, FileStatus::Running { .. }))
+        .count();
+    (StatusCode::OK, format!("ok: {running} plugins running\n"))
+}
+
+async fn plugins_status(State(s): State<HttpState>) -> String {
+    let mut out = String::new();
+    for (file, st) in s.plugins.status().await {
+        let line = match st {
+            FileStatus::Running {
+                plugin,
+                sha256,
+                update_refused: None,
+            } => {
+                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\n")
+            }
+            FileStatus::Running {
+                plugin,
+                sha256,
+                update_refused: Some(e),
+            } => {
+                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\tupdate refused: {e}\n")
+            }
+            FileStatus::Disabled { plugin } => format!("{file}.wasm\tdisabled\t{plugin}\n"),
+            FileStatus::Waiting {
+                plugin,
+                reason,
+                message,
+            } => format!(
+                "{file}.wasm\twaiting\t{plugin}\t{}: {message}\n",
+                reason.as_str()
+            ),
+            FileStatus::Refused { error } => format!("{file}.wasm\trefused\t{error}\n"),
+        };
+        out.push_str(&line);
+    }
+    out
+}
