@@ -42,6 +42,9 @@ func startCluster(o options, dir string) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := os.WriteFile(auditPolicyPath(dir), []byte(auditPolicy), 0o600); err != nil {
+		return nil, fmt.Errorf("write audit policy: %w", err)
+	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(files.caPEM)
 
@@ -141,6 +144,29 @@ func (c *cluster) server() string { return fmt.Sprintf("https://127.0.0.1:%d", c
 
 func (c *cluster) logPath() string { return filepath.Join(c.dir, "apiserver.log") }
 
+func (c *cluster) auditLogPath() string { return filepath.Join(c.dir, "audit.log") }
+
+func auditPolicyPath(dir string) string { return filepath.Join(dir, "audit-policy.yaml") }
+
+// auditPolicy records who did what to which object, so tests can prove security properties by what
+// the apiserver saw. Metadata level only: request and response bodies (Secret values) never reach
+// the log. Health probes, /metrics and the apiserver's own loopback traffic are left out as noise.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: None
+  nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/metrics"]
+- level: None
+  users: ["system:apiserver"]
+- level: None
+  namespaces: ["kube-system"]
+  resources:
+  - group: coordination.k8s.io
+    resources: ["leases"]
+- level: Metadata
+`
+
 func (c *cluster) apiserverArgs() []string {
 	return []string{
 		"--etcd-servers=" + c.etcdURL,
@@ -158,6 +184,13 @@ func (c *cluster) apiserverArgs() []string {
 		"--token-auth-file=" + c.files.tokens,
 		"--allow-privileged=true",
 		"--endpoint-reconciler-type=none",
+		"--audit-policy-file=" + auditPolicyPath(c.dir),
+		"--audit-log-path=" + c.auditLogPath(),
+		"--audit-log-format=json",
+		// Blocking: an event is written before its response completes, so a test can read it right after.
+		"--audit-log-mode=blocking",
+		// 0 disables rotation: the file only grows, and a restarted apiserver appends to it.
+		"--audit-log-maxsize=0",
 		"--v=0",
 	}
 }
@@ -338,6 +371,7 @@ func (c *cluster) readyEvent() map[string]any {
 		"etcd":           c.etcdURL,
 		"apiserver_pid":  pid,
 		"apiserver_log":  c.logPath(),
+		"audit_log":      c.auditLogPath(),
 		"testenv_pid":    os.Getpid(),
 		"ca_certificate": c.files.caFile,
 	}

@@ -25,6 +25,9 @@ pub struct ReadyInfo {
     pub apiserver_pid: u32,
     /// The apiserver's log file.
     pub apiserver_log: String,
+    /// The apiserver's audit log (JSON lines); empty from a testenv binary that predates it.
+    #[serde(default)]
+    pub audit_log: String,
 }
 
 #[derive(Deserialize)]

@@ -8,7 +8,11 @@
 //!
 //! Set `WCM_USE_EXISTING_CLUSTER=1` to run the same tests against the cluster of your own
 //! `KUBECONFIG` instead; tests that need to stop the apiserver are then skipped with a message.
+//!
+//! The local cluster keeps the apiserver's audit log ([`audit`]): tests read what the apiserver
+//! itself saw with [`TestEnv::audit_events`] and [`TestEnv::audit_events_since`].
 
+pub mod audit;
 mod control;
 pub mod crds;
 mod namespace;
@@ -19,6 +23,7 @@ use anyhow::{Context, Result};
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+pub use audit::{AuditEvent, AuditMark};
 pub use control::ReadyInfo;
 pub use namespace::TestNamespace;
 
@@ -77,13 +82,15 @@ impl TestEnv {
     /// A new client for this cluster. Make one per test: a client is bound to the tokio runtime
     /// that created it, and every `#[tokio::test]` has its own runtime.
     pub async fn client(&self) -> Result<Client> {
-        let config = kube::Config::from_custom_kubeconfig(
-            self.kubeconfig.clone(),
-            &KubeConfigOptions::default(),
-        )
-        .await
-        .context("build a client config from the kubeconfig")?;
-        Client::try_from(config).context("build a kube client")
+        Client::try_from(self.config().await?).context("build a kube client")
+    }
+
+    /// The admin client configuration, to derive other clients from (e.g. one that impersonates
+    /// a ServiceAccount through `auth_info.impersonate`).
+    pub async fn config(&self) -> Result<kube::Config> {
+        kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+            .await
+            .context("build a client config from the kubeconfig")
     }
 
     /// The kubeconfig in use, when it is a file (always for the local cluster).
@@ -125,6 +132,40 @@ impl TestEnv {
     /// A fresh namespace with its `default` ServiceAccount (no controller-manager creates it here).
     pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace> {
         TestNamespace::create(&self.client().await?, prefix).await
+    }
+
+    /// Whether the cluster keeps an audit log for the tests: the local one does, an existing
+    /// cluster does not. (A stale testenv binary without one fails loudly instead of skipping.)
+    pub fn has_audit_log(&self) -> bool {
+        self.control.is_some()
+    }
+
+    /// Every event in the apiserver's audit log so far. Lines that do not parse are skipped.
+    pub fn audit_events(&self) -> Result<Vec<AuditEvent>> {
+        audit::read_since(&self.audit_log_path()?, AuditMark::START)
+    }
+
+    /// The current end of the audit log, for [`TestEnv::audit_events_since`].
+    pub fn audit_mark(&self) -> Result<AuditMark> {
+        audit::mark(&self.audit_log_path()?)
+    }
+
+    /// The audit events written after `mark`. The apiserver writes a request's event before it
+    /// completes the response, so every request whose response was read is in the result.
+    pub fn audit_events_since(&self, mark: AuditMark) -> Result<Vec<AuditEvent>> {
+        audit::read_since(&self.audit_log_path()?, mark)
+    }
+
+    fn audit_log_path(&self) -> Result<PathBuf> {
+        let control = self.control.as_ref().context(
+            "the audit log is only available on the local cluster (testenv), not with WCM_USE_EXISTING_CLUSTER",
+        )?;
+        let path = control.info().audit_log;
+        anyhow::ensure!(
+            !path.is_empty(),
+            "this testenv binary writes no audit log; rebuild it with testenv/build.sh (or unset {TESTENV_BIN})"
+        );
+        Ok(PathBuf::from(path))
     }
 
     /// A numeric sample from the apiserver's own `/metrics`, summed over the series whose labels

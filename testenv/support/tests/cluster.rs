@@ -1,10 +1,11 @@
-//! The test cluster itself: real API calls, a CRD from manifests/, watches across an apiserver restart.
+//! The test cluster itself: real API calls, a CRD from manifests/, watches, the audit log.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -109,6 +110,153 @@ async fn lists_creates_and_watches() -> Result<()> {
     assert_eq!(
         seen.data.and_then(|d| d.get("k").cloned()).as_deref(),
         Some("v")
+    );
+    Ok(())
+}
+
+/// The audit log records what the apiserver saw: verb, object, status, and the impersonated user.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_log_records_requests_and_impersonation() -> Result<()> {
+    let env = TestEnv::shared().await?;
+    if !env.has_audit_log() {
+        eprintln!("skipped: the audit log is only available on the local cluster");
+        return Ok(());
+    }
+    let client = env.client().await?;
+    let ns = env.namespace("audit").await?;
+    let sa_user = format!("system:serviceaccount:{}:default", ns.name);
+
+    // The ServiceAccount may read ConfigMaps in its namespace, and nothing else.
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "read-configmaps"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    }))?;
+    Api::<Role>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "read-configmaps"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-configmaps"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name}]
+    }))?;
+    Api::<RoleBinding>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let mut config = env.config().await?;
+    config.auth_info.impersonate = Some(sa_user.clone());
+    let as_sa = kube::Client::try_from(config)?;
+
+    let mark = env.audit_mark()?;
+    let admin_cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let err = admin_cms
+        .get("absent-admin")
+        .await
+        .expect_err("no such ConfigMap");
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 404),
+        "{err:?}"
+    );
+
+    // RBAC reads bindings from a watch cache: allow the new binding a moment to take effect.
+    let sa_cms: Api<ConfigMap> = Api::namespaced(as_sa.clone(), &ns.name);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match sa_cms.get("absent-sa").await {
+            Err(kube::Error::Api(e)) if e.code == 404 => break,
+            Err(kube::Error::Api(e)) if e.code == 403 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => anyhow::bail!("impersonated GET: want 404, got {other:?}"),
+        }
+    }
+    let err = Api::<Secret>::namespaced(as_sa, &ns.name)
+        .get("absent-secret")
+        .await
+        .expect_err("the ServiceAccount may not read Secrets");
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 403),
+        "{err:?}"
+    );
+    // /metrics is excluded by the policy.
+    env.apiserver_metric("apiserver_request_total", &[]).await?;
+
+    // Read right after the responses: the blocking backend wrote each event before its response ended.
+    let events = env.audit_events_since(mark)?;
+    let about = |resource: &str, name: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e.object_ref.as_ref().is_some_and(|o| {
+                    o.resource == resource && o.namespace == ns.name && o.name == name
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+
+    let admin = about("configmaps", "absent-admin");
+    assert_eq!(admin.len(), 1, "events: {admin:#?}");
+    let e = admin[0];
+    assert_eq!(
+        (e.verb.as_str(), e.code(), e.stage.as_str()),
+        ("get", Some(404), "ResponseComplete")
+    );
+    assert_eq!(e.user.username, "admin");
+    assert!(e.impersonated_user.is_none(), "{e:#?}");
+    assert_eq!(e.effective_user(), "admin");
+
+    let sa = about("configmaps", "absent-sa");
+    let found = sa.iter().find(|e| e.code() == Some(404));
+    let e = found.with_context(|| format!("no 404 event for the impersonated GET: {sa:#?}"))?;
+    assert_eq!(e.verb, "get");
+    assert_eq!(
+        e.user.username, "admin",
+        "the impersonator is recorded as the user"
+    );
+    assert_eq!(e.effective_user(), sa_user);
+    let imp = e.impersonated_user.as_ref().context("impersonatedUser")?;
+    assert!(
+        imp.groups.iter().any(|g| g == "system:serviceaccounts"),
+        "{imp:?}"
+    );
+    assert_eq!(
+        e.annotations
+            .get("authorization.k8s.io/decision")
+            .map(String::as_str),
+        Some("allow")
+    );
+
+    let secret = about("secrets", "absent-secret");
+    assert_eq!(secret.len(), 1, "events: {secret:#?}");
+    let e = secret[0];
+    assert_eq!((e.verb.as_str(), e.code()), ("get", Some(403)));
+    assert_eq!(e.effective_user(), sa_user);
+    assert_eq!(
+        e.annotations
+            .get("authorization.k8s.io/decision")
+            .map(String::as_str),
+        Some("forbid")
+    );
+
+    // The policy: Metadata only (no bodies), no RequestReceived stage, no /metrics.
+    for e in &events {
+        assert_eq!(e.level, "Metadata", "{e:#?}");
+        assert_ne!(e.stage, "RequestReceived", "{e:#?}");
+        assert!(!e.request_uri.starts_with("/metrics"), "{e:#?}");
+    }
+
+    // A later mark leaves these events out; the whole log has them.
+    let later = env.audit_events_since(env.audit_mark()?)?;
+    assert!(
+        later
+            .iter()
+            .all(|e| e.object_ref.as_ref().is_none_or(|o| o.namespace != ns.name)),
+        "events after the later mark: {later:#?}"
+    );
+    let all = env.audit_events()?;
+    assert!(all.len() >= events.len());
+    assert!(
+        all.iter()
+            .any(|e| e.request_uri.ends_with("/configmaps/absent-admin"))
     );
     Ok(())
 }
