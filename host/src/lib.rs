@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod kubeapi;
 pub mod metrics;
 pub mod permissions;
+pub mod plugin_files;
 pub mod plugins;
 pub mod queue;
 pub mod rate_limit;
