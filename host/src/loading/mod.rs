@@ -1,6 +1,7 @@
 //! Plugin loading: the plugins directory (safe reads, hot reload), each plugin's operator settings
 //! (`NAME.toml`), and the offline commands that read a component without a cluster (`inspect`).
 
+pub mod files;
 pub mod inspect;
 pub mod plugins;
 pub mod rbac;

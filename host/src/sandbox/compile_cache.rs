@@ -1,14 +1,25 @@
 //! Precompiled components on disk, keyed by the component's content hash and the engine's
 //! compatibility hash (wasmtime version, target, settings). A key never matches a different engine,
 //! so a stale artifact is simply not found, never loaded.
+//!
+//! Loading an artifact runs its contents as native code, so only files this host wrote are loaded:
+//! a regular file (not a symlink) owned by this process's user and not writable by group or others,
+//! in a directory with the same properties. Anything else is logged and the component is compiled
+//! from the wasm bytes instead.
 
+use std::fs::{DirBuilder, File, Metadata, OpenOptions};
 use std::hash::{Hash, Hasher};
-use std::path::Path;
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+use crate::loading::files::{ELOOP, kind_of, open_no_follow};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
@@ -21,8 +32,29 @@ fn engine_key(engine: &Engine) -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Loads the precompiled artifact if there is one, else compiles and stores it. Returns the
-/// component and whether it came from the cache.
+/// Why the cache directory or an artifact in it is not trusted.
+#[derive(Debug, thiserror::Error)]
+enum CacheRefusal {
+    #[error("is a symlink, not a file this host wrote")]
+    Symlink,
+    #[error("is {0}, not a file this host wrote")]
+    NotRegular(&'static str),
+    #[error("is {0}, not a directory")]
+    NotDir(&'static str),
+    #[error("is owned by uid {owner}, not by this process's uid {euid}")]
+    Owner { owner: u32, euid: u32 },
+    #[error(
+        "is writable by group or others (mode {mode:o}); run `chmod go-w` on it, or point the cache at a new directory (created with mode 700)"
+    )]
+    Writable { mode: u32 },
+    #[error("was replaced between the check and the open")]
+    Replaced,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Loads the precompiled artifact if there is one this host wrote, else compiles and stores it.
+/// Returns the component and whether it came from the cache.
 pub fn load_or_compile(
     engine: &Engine,
     dir: Option<&Path>,
@@ -32,18 +64,38 @@ pub fn load_or_compile(
     let Some(dir) = dir else {
         return Ok((compile(engine, wasm)?, false));
     };
+    let euid = match effective_uid() {
+        Ok(uid) => uid,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "compile cache not used: cannot tell this process's uid: {e:#}");
+            return Ok((compile(engine, wasm)?, false));
+        }
+    };
+    if let Err(refusal) = prepare_dir(dir, euid) {
+        tracing::warn!(dir = %dir.display(), "compile cache directory refused, compiling without it: the directory {refusal}");
+        return Ok((compile(engine, wasm)?, false));
+    }
     let path = dir.join(format!("{sha256}-{}.cwasm", engine_key(engine)));
-    if path.is_file() {
-        // SAFETY: the file was written by `Component::serialize` of an engine with the same
-        // compatibility hash (it is in the name), in a directory the operator owns.
-        match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(c) => return Ok((c, true)),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "precompiled artifact unusable, compiling again: {e:#}")
+    match read_artifact(&path, euid) {
+        Ok(Some(bytes)) => {
+            // SAFETY: the bytes were read through a descriptor whose file is checked to be a regular
+            // file of this user, writable by no one else, in a directory only this user can write:
+            // written by `store` from `Component::serialize` of an engine with the same
+            // compatibility hash (it is in the name).
+            match unsafe { Component::deserialize(engine, &bytes) } {
+                Ok(c) => return Ok((c, true)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "precompiled artifact unusable, compiling again: {e:#}")
+                }
             }
+        }
+        Ok(None) => {}
+        Err(refusal) => {
+            tracing::warn!(path = %path.display(), "precompiled artifact refused, compiling from the wasm instead: the file {refusal}")
         }
     }
     let component = compile(engine, wasm)?;
+    // Replaces a refused file too: the rename swaps the directory entry, never writes through it.
     if let Err(e) = store(&component, dir, &path) {
         tracing::warn!(path = %path.display(), "could not write the precompiled artifact: {e:#}");
     }
@@ -62,12 +114,288 @@ fn compile(engine: &Engine, wasm: &[u8]) -> Result<Component> {
     Component::new(engine, wasm).map_err(|e| anyhow::anyhow!("invalid component: {e:#}"))
 }
 
-fn store(component: &Component, dir: &Path, path: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let bytes = component.serialize()?;
-    // Write then rename: a reader never sees half a file.
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)?;
+/// The effective uid, from `/proc/self/status` (`Uid: real effective saved fs`): the `libc` crate
+/// is not a direct dependency. Without `/proc` the cache is not used.
+fn effective_uid() -> Result<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|euid| euid.parse().ok())
+        .context("no effective uid in /proc/self/status")
+}
+
+/// Owned by `euid` and writable by no one else.
+fn check_owner_and_mode(meta: &Metadata, euid: u32) -> Result<(), CacheRefusal> {
+    if meta.uid() != euid {
+        return Err(CacheRefusal::Owner {
+            owner: meta.uid(),
+            euid,
+        });
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(CacheRefusal::Writable {
+            mode: meta.mode() & 0o7777,
+        });
+    }
     Ok(())
+}
+
+fn check_artifact(meta: &Metadata, euid: u32) -> Result<(), CacheRefusal> {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        return Err(CacheRefusal::Symlink);
+    }
+    if !t.is_file() {
+        return Err(CacheRefusal::NotRegular(kind_of(meta)));
+    }
+    check_owner_and_mode(meta, euid)
+}
+
+/// Creates the directory (mode 700) if missing, and checks it. A symlink to the directory is
+/// followed: the operator chose the path.
+fn prepare_dir(dir: &Path, euid: u32) -> Result<(), CacheRefusal> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(CacheRefusal::NotDir(kind_of(&meta)));
+    }
+    check_owner_and_mode(&meta, euid)
+}
+
+/// The artifact's bytes if it exists and passes the checks, both on the path and on the opened
+/// descriptor (what is checked is what is read).
+fn read_artifact(path: &Path, euid: u32) -> Result<Option<Vec<u8>>, CacheRefusal> {
+    let checked = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    check_artifact(&checked, euid)?;
+    let mut file = match open_no_follow(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        // ELOOP: a symlink now.
+        Err(e) if e.raw_os_error() == Some(ELOOP) => return Err(CacheRefusal::Replaced),
+        Err(e) => return Err(e.into()),
+    };
+    let opened = file.metadata()?;
+    check_artifact(&opened, euid)?;
+    if opened.dev() != checked.dev() || opened.ino() != checked.ino() {
+        return Err(CacheRefusal::Replaced);
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(opened.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
+}
+
+fn store(component: &Component, dir: &Path, path: &Path) -> Result<()> {
+    let bytes = component.serialize()?;
+    write_artifact(dir, path, &bytes)
+}
+
+/// Writes a new file (O_EXCL, mode 600, a name no one can have prepared), syncs it, then renames it
+/// into place: a reader never sees half a file, and nothing planted is written through.
+fn write_artifact(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp: PathBuf = dir.join(format!(
+        ".tmp-{}-{}-{nanos}.cwasm",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| -> Result<()> {
+        let mut f: File = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("create {}", tmp.display()))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> TempDir {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "wcm-compile-cache-test-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            TempDir(p)
+        }
+        fn cache(&self) -> PathBuf {
+            self.0.join("cache")
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn euid() -> u32 {
+        effective_uid().expect("uid from /proc")
+    }
+
+    /// The smallest valid component: the header alone.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\x00\x01\x00";
+
+    #[test]
+    fn effective_uid_is_the_owner_of_what_we_create() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        assert_eq!(std::fs::metadata(t.cache()).expect("stat").uid(), euid());
+    }
+
+    #[test]
+    fn a_missing_directory_is_created_private() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        let mode = std::fs::metadata(t.cache()).expect("stat").mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn a_loose_or_foreign_directory_is_refused() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        std::fs::set_permissions(t.cache(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = prepare_dir(&t.cache(), euid()).expect_err("must refuse");
+        assert!(
+            matches!(err, CacheRefusal::Writable { mode: 0o777 }),
+            "{err:?}"
+        );
+        std::fs::set_permissions(t.cache(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        prepare_dir(&t.cache(), euid()).expect("0755 is fine");
+        let err = prepare_dir(&t.cache(), euid() + 1).expect_err("must refuse");
+        assert!(matches!(err, CacheRefusal::Owner { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_file_written_by_the_cache_passes() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        let path = t.cache().join("x.cwasm");
+        write_artifact(&t.cache(), &path, b"artifact").expect("write");
+        let meta = std::fs::symlink_metadata(&path).expect("stat");
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let got = read_artifact(&path, euid()).expect("passes");
+        assert_eq!(got.as_deref(), Some(&b"artifact"[..]));
+        // Nothing left behind but the artifact.
+        let names: Vec<_> = std::fs::read_dir(t.cache())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("x.cwasm")]);
+        // Written again over itself: a new temporary name each time.
+        write_artifact(&t.cache(), &path, b"again").expect("write");
+        let got = read_artifact(&path, euid()).expect("passes");
+        assert_eq!(got.as_deref(), Some(&b"again"[..]));
+    }
+
+    #[test]
+    fn a_planted_writable_file_is_refused() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        let path = t.cache().join("x.cwasm");
+        std::fs::write(&path, b"planted").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let err = read_artifact(&path, euid()).expect_err("must refuse");
+        assert!(
+            matches!(err, CacheRefusal::Writable { mode: 0o666 }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("writable by group or others"),
+            "{err}"
+        );
+        // Someone else's file.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let err = read_artifact(&path, euid() + 1).expect_err("must refuse");
+        assert!(matches!(err, CacheRefusal::Owner { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_artifact_is_refused() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        let real = t.cache().join("real.cwasm");
+        write_artifact(&t.cache(), &real, b"artifact").expect("write");
+        let path = t.cache().join("x.cwasm");
+        symlink(&real, &path).expect("symlink");
+        let err = read_artifact(&path, euid()).expect_err("must refuse");
+        assert!(matches!(err, CacheRefusal::Symlink), "{err:?}");
+        // A directory or a FIFO in its place.
+        std::fs::remove_file(&path).expect("rm");
+        std::fs::create_dir(&path).expect("mkdir");
+        let err = read_artifact(&path, euid()).expect_err("must refuse");
+        assert!(
+            matches!(err, CacheRefusal::NotRegular("a directory")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_planted_artifact_is_not_loaded_and_is_replaced() {
+        let t = TempDir::new();
+        let engine = Engine::default();
+        let sha = sha256_hex(EMPTY_COMPONENT);
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        let path = t
+            .cache()
+            .join(format!("{sha}-{}.cwasm", engine_key(&engine)));
+        // A genuine artifact, but writable by others: had it been loaded, it would come from the
+        // cache.
+        let genuine = compile(&engine, EMPTY_COMPONENT)
+            .and_then(|c| Ok(c.serialize()?))
+            .expect("serialize");
+        std::fs::write(&path, &genuine).expect("plant");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let (_, from_cache) =
+            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT).expect("compiles");
+        assert!(!from_cache, "a group/world-writable artifact was loaded");
+        // Compiled and stored again, privately: the next load uses it.
+        let meta = std::fs::symlink_metadata(&path).expect("stat");
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let (_, from_cache) =
+            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT).expect("loads");
+        assert!(from_cache);
+    }
+
+    #[test]
+    fn a_loose_directory_compiles_without_the_cache() {
+        let t = TempDir::new();
+        let engine = Engine::default();
+        let sha = sha256_hex(EMPTY_COMPONENT);
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        std::fs::set_permissions(t.cache(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        for _ in 0..2 {
+            let (_, from_cache) = load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT)
+                .expect("compiles");
+            assert!(!from_cache);
+        }
+        assert_eq!(std::fs::read_dir(t.cache()).expect("ls").count(), 0);
+    }
 }
