@@ -9,7 +9,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::http::HttpPolicy;
+use super::http::{HostRule, HttpPolicy};
 
 use crate::services::Services;
 
@@ -67,11 +67,18 @@ pub struct CallCtx {
 
 impl CallCtx {
     pub fn new(services: Arc<Services>, limits: &Limits) -> Self {
-        let http_policy = HttpPolicy {
-            plugin: services.plugin_name().into(),
-            allowed: services.allowed_hosts.clone(),
-            metrics: services.metrics.clone(),
-        };
+        // Until `Services` carries parsed rules: its list is already declared ∩ allowed.
+        let rules: Arc<[HostRule]> = services
+            .allowed_hosts
+            .iter()
+            .filter_map(|h| h.parse().ok())
+            .collect();
+        let http_policy = HttpPolicy::new(
+            services.plugin_name().into(),
+            rules,
+            Arc::from([]),
+            services.metrics.clone(),
+        );
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
         // Nothing ambient: no preopened directories, no environment, no network, no args.
@@ -114,6 +121,7 @@ impl CallCtx {
         self.host_time = Duration::ZERO;
         self.host_calls = 0;
         self.broken = None;
+        self.http_policy.begin_call();
     }
 
     /// Bytes the guest has printed in this store's life.
