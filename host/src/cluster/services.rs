@@ -4,6 +4,7 @@
 //! informers it was granted; events only about kinds it watches or declared.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,6 +19,7 @@ use crate::contract::{KindKey, KindRef, ObjectKey};
 use crate::engine::cache::ObjectStore;
 use crate::engine::rate_limit::TokenBucket;
 use crate::metrics::Metrics;
+use crate::sandbox::http::HostRule;
 
 /// One store per watched kind, with the namespace it is limited to (the first watch of a kind
 /// wins when several select different subsets; cache reads by kind then see that subset).
@@ -127,7 +129,9 @@ pub struct Services {
     pub(crate) config: BTreeMap<String, String>,
     pub(crate) budgets: Budgets,
     /// Hosts for outbound HTTP: declared by the plugin and allowed by the operator.
-    pub(crate) allowed_hosts: Arc<[String]>,
+    pub(crate) allowed_hosts: Arc<[HostRule]>,
+    /// Addresses outbound HTTP never reaches unless allowed by address (the API server's).
+    pub(crate) protected_ips: Arc<[IpAddr]>,
 }
 
 impl Services {
@@ -138,6 +142,7 @@ impl Services {
             config,
             budgets: Budgets::new(&BudgetSettings::default()),
             allowed_hosts: Arc::from(Vec::new()),
+            protected_ips: Arc::from(Vec::new()),
         }
     }
 
@@ -146,7 +151,8 @@ impl Services {
         reach: Reach,
         config: BTreeMap<String, String>,
         budgets: &BudgetSettings,
-        allowed_hosts: Vec<String>,
+        allowed_hosts: Vec<HostRule>,
+        protected_ips: Vec<IpAddr>,
     ) -> Self {
         Services {
             plugin: plugin.into(),
@@ -154,6 +160,7 @@ impl Services {
             config,
             budgets: Budgets::new(budgets),
             allowed_hosts: allowed_hosts.into(),
+            protected_ips: protected_ips.into(),
         }
     }
 

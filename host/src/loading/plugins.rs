@@ -19,6 +19,7 @@
 //! the previous version of a plugin whose update is bad.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,7 @@ use crate::engine::controller::{
 use crate::engine::informer::InformerKey;
 use crate::loading::settings::{PluginSettings, SecretRef};
 use crate::sandbox::Limits;
+use crate::sandbox::http::effective_hosts;
 
 /// Limits on what the directory may hold, and what every plugin gets by default.
 #[derive(Debug, Clone)]
@@ -591,15 +593,20 @@ impl PluginManager {
 
         let mut running = self.running.lock().await;
         let previous = running.remove(stem);
-        // Hosts: what the plugin declared and the operator allowed (globally or for this plugin).
-        let allowed_hosts: Vec<String> = description
-            .outbound_hosts
+        // Hosts: what the plugin declared and the operator allowed (globally or for this plugin),
+        // compared after normalising host and port on both sides.
+        let allowed: Vec<String> = self
+            .settings
+            .allowed_hosts
             .iter()
-            .filter(|h| {
-                self.settings.allowed_hosts.contains(h) || settings.allowed_hosts.contains(h)
-            })
+            .chain(&settings.allowed_hosts)
             .cloned()
             .collect();
+        let (allowed_hosts, notes) = effective_hosts(&description.outbound_hosts, &allowed);
+        for n in notes {
+            tracing::info!(plugin = %name, "outbound hosts: {n}");
+        }
+        let protected_ips = api_server_ips(&self.kube_config).await;
         if !settings.enabled() {
             if let Some(p) = previous {
                 self.stop_running(p).await;
@@ -636,6 +643,7 @@ impl PluginManager {
             settings.config.clone(),
             &settings.budgets(&self.settings.budgets),
             allowed_hosts,
+            protected_ips,
         ));
         let sha = compiled.sha256.clone();
         let version = Version {
@@ -763,6 +771,23 @@ fn missing_grant(identity: &PluginIdentity, denied: &Access) -> String {
         "{} may not {denied}: apply the RBAC that `wasm-controller-manager rbac` prints for this plugin",
         identity.username
     )
+}
+
+/// The API server's addresses: outbound HTTP from plugins never reaches them unless the operator
+/// allowed one by address.
+async fn api_server_ips(config: &kube::Config) -> Vec<IpAddr> {
+    let Some(host) = config.cluster_url.host() else {
+        return Vec::new();
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return vec![ip];
+    }
+    let port = config.cluster_url.port_u16().unwrap_or(443);
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(addrs) => addrs.map(|a| a.ip()).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 fn wasm_stem(path: &Path) -> Option<String> {

@@ -75,11 +75,12 @@ pub struct CallCtx {
 
 impl CallCtx {
     pub fn new(services: Arc<Services>, limits: &Limits) -> Self {
-        let http_policy = HttpPolicy {
-            plugin: services.plugin_name().into(),
-            allowed: services.allowed_hosts.clone(),
-            metrics: services.metrics().cloned(),
-        };
+        let http_policy = HttpPolicy::new(
+            services.plugin_name().into(),
+            services.allowed_hosts.clone(),
+            services.protected_ips.clone(),
+            services.metrics().cloned(),
+        );
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
         // Nothing ambient: no preopened directories, no environment, no network, no args.
@@ -125,6 +126,7 @@ impl CallCtx {
         self.resumed.store(0, Ordering::Relaxed);
         self.host_calls = 0;
         self.broken = None;
+        self.http_policy.begin_call();
     }
 
     /// Adds the guest's run since it was last resumed (host calls excluded) to `guest_time`, and

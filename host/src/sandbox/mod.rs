@@ -8,7 +8,7 @@
 mod call_ctx;
 mod compile_cache;
 mod host_calls;
-mod http;
+pub mod http;
 
 use std::path::PathBuf;
 use std::sync::Arc;
