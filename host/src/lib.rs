@@ -15,6 +15,7 @@ pub mod contract;
 pub mod engine;
 pub mod loading;
 pub mod metrics;
+mod safe_fs;
 pub mod sandbox;
 pub mod serving;
 pub use wcm_selector as selector;

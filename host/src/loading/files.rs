@@ -6,51 +6,12 @@
 //! (reading never ends) or a file over the limit is refused with a reason for the operator.
 //! Refusal messages name paths and sizes, never file contents.
 
-use std::fs::{File, Metadata, OpenOptions};
-use std::io::{ErrorKind, Read};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::fs::File;
 
-// The `libc` crate is only an indirect dependency of this package, so the two flags are spelled
-// out (other targets: add their values from libc). std adds O_CLOEXEC to every open itself. The
-// tests check that both flags take effect.
-#[cfg(all(
-    target_os = "linux",
-    any(
-        target_arch = "x86_64",
-        target_arch = "x86",
-        target_arch = "riscv64",
-        target_arch = "s390x",
-        target_arch = "loongarch64"
-    )
-))]
-mod flags {
-    pub const O_NONBLOCK: i32 = 0o4000;
-    pub const O_NOFOLLOW: i32 = 0o400000;
-}
-#[cfg(all(
-    target_os = "linux",
-    any(
-        target_arch = "aarch64",
-        target_arch = "arm",
-        target_arch = "powerpc",
-        target_arch = "powerpc64"
-    )
-))]
-mod flags {
-    pub const O_NONBLOCK: i32 = 0o4000;
-    pub const O_NOFOLLOW: i32 = 0o100000;
-}
-#[cfg(any(
-    target_os = "macos",
-    target_os = "freebsd",
-    target_os = "openbsd",
-    target_os = "netbsd"
-))]
-mod flags {
-    pub const O_NONBLOCK: i32 = 0x4;
-    pub const O_NOFOLLOW: i32 = 0x100;
-}
+use crate::safe_fs::{ELOOP, kind_of, open_no_follow};
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 /// Why a file in the plugins directory was not read.
 #[derive(Debug, thiserror::Error)]
@@ -125,35 +86,6 @@ pub fn read_settings_file(
             path: path.into(),
             offset: e.utf8_error().valid_up_to(),
         })
-}
-
-/// Opens `path` read-only without following a symlink in its last component and without blocking
-/// on a FIFO. For the compile cache too.
-pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(flags::O_NONBLOCK | flags::O_NOFOLLOW)
-        .open(path)
-}
-
-/// What a non-regular file is, for messages.
-pub(crate) fn kind_of(meta: &Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_symlink() {
-        "a symlink"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a file"
-    }
 }
 
 /// `None` when `path` does not exist at all (not even as a dangling symlink).
@@ -260,13 +192,6 @@ fn read_inside(
     }
     Ok(Some(bytes))
 }
-
-// "Too many levels of symbolic links": what O_NOFOLLOW gives for a symlink (40 on the Linux
-// architectures above, 62 on macOS).
-#[cfg(target_os = "linux")]
-pub(crate) const ELOOP: i32 = 40;
-#[cfg(not(target_os = "linux"))]
-pub(crate) const ELOOP: i32 = 62;
 
 /// Where the open file really is, by `/proc/self/fd`: a directory on the canonical path could have
 /// been swapped for a symlink between the check and the open. Without `/proc` (not Linux), the

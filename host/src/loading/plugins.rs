@@ -38,6 +38,7 @@ use crate::engine::controller::{
     Controller, ControllerParts, Version, plugin_cache, resolve_watches,
 };
 use crate::engine::informer::InformerKey;
+use crate::loading::files;
 use crate::loading::settings::{PluginSettings, SecretRef};
 use crate::sandbox::Limits;
 use crate::sandbox::http::effective_hosts;
@@ -64,12 +65,24 @@ pub struct DirSettings {
 /// Largest NAME.toml accepted.
 const MAX_SETTINGS_BYTES: u64 = 64 << 10;
 
-/// What is on disk for one plugin file.
-#[derive(Debug, Clone, PartialEq)]
+/// What is on disk for one plugin file: its bytes as read once (the digest is of what runs), or why
+/// they could not be used.
+#[derive(Debug, Clone)]
 struct OnDisk {
     wasm: PathBuf,
     wasm_sha: String,
+    bytes: Arc<[u8]>,
     settings_text: Option<String>,
+    /// The file or its NAME.toml was refused (not a regular file inside the directory, too large).
+    refusal: Option<String>,
+}
+
+impl PartialEq for OnDisk {
+    fn eq(&self, o: &Self) -> bool {
+        // The digest stands for the bytes.
+        (&self.wasm, &self.wasm_sha, &self.settings_text, &self.refusal)
+            == (&o.wasm, &o.wasm_sha, &o.settings_text, &o.refusal)
+    }
 }
 
 struct Running {
@@ -446,58 +459,44 @@ impl PluginManager {
     }
 
     fn read_dir(&self) -> Result<HashMap<String, OnDisk>> {
+        let dir = &self.settings.dir;
         let mut out = HashMap::new();
-        for entry in std::fs::read_dir(&self.settings.dir)? {
+        for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
             let Some(stem) = wasm_stem(&path) else {
                 continue;
             };
-            // Follow symlinks: a ConfigMap mount swaps `..data` and every file behind it at once.
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            if !meta.is_file() {
-                continue;
-            }
-            if meta.len() > self.settings.max_wasm_bytes {
-                out.insert(
-                    stem.clone(),
-                    OnDisk {
-                        wasm: path.clone(),
-                        wasm_sha: format!("too-large:{}", meta.len()),
-                        settings_text: None,
-                    },
-                );
-                continue;
-            }
-            let Ok(bytes) = std::fs::read(&path) else {
-                continue;
-            };
-            let settings_path = path.with_extension("toml");
-            let settings_text = std::fs::metadata(&settings_path)
-                .ok()
-                .filter(|m| m.is_file() && m.len() <= MAX_SETTINGS_BYTES)
-                .and_then(|_| std::fs::read_to_string(&settings_path).ok());
-            out.insert(
-                stem,
-                OnDisk {
+            // Only regular files inside the directory, followed through links that stay inside
+            // (a ConfigMap mount swaps `..data` and every file behind it at once).
+            let wasm = files::read_plugin_file(dir, &path, self.settings.max_wasm_bytes);
+            let settings =
+                files::read_settings_file(dir, &path.with_extension("toml"), MAX_SETTINGS_BYTES);
+            let disk = match (wasm, settings) {
+                (Ok(bytes), Ok(settings_text)) => OnDisk {
                     wasm: path,
                     wasm_sha: crate::sandbox::sha256_hex(&bytes),
+                    bytes: bytes.into(),
                     settings_text,
+                    refusal: None,
                 },
-            );
+                // A file that vanished between listing and reading is simply not there.
+                (Err(files::FileRefusal::Missing { .. }), _) => continue,
+                (Err(e), _) | (_, Err(e)) => OnDisk {
+                    wasm: path,
+                    wasm_sha: String::new(),
+                    bytes: Arc::from(Vec::new()),
+                    settings_text: None,
+                    refusal: Some(e.to_string()),
+                },
+            };
+            out.insert(stem, disk);
         }
         Ok(out)
     }
 
     async fn load(&self, stem: &str, disk: &OnDisk) -> Result<(), LoadError> {
-        if let Some(size) = disk.wasm_sha.strip_prefix("too-large:") {
-            return Err(anyhow::anyhow!(
-                "{} is {size} bytes, over the {} byte limit (--max-plugin-bytes)",
-                disk.wasm.display(),
-                self.settings.max_wasm_bytes
-            )
-            .into());
+        if let Some(why) = &disk.refusal {
+            return Err(anyhow::anyhow!("{why}").into());
         }
         let settings = match &disk.settings_text {
             Some(text) => PluginSettings::parse(text).map_err(|e| {
@@ -505,9 +504,7 @@ impl PluginManager {
             })?,
             None => PluginSettings::default(),
         };
-        let bytes = tokio::fs::read(&disk.wasm)
-            .await
-            .with_context(|| format!("read {}", disk.wasm.display()))?;
+        let bytes = disk.bytes.clone();
         let runtime = self.parts.runtime.clone();
         let compiled = tokio::task::spawn_blocking(move || runtime.compile(&bytes))
             .await

@@ -49,7 +49,18 @@ pub struct PluginSettings {
 
 impl PluginSettings {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let s: PluginSettings = toml::from_str(text).map_err(|e| e.to_string())?;
+        // The message and the position only: toml's own rendering quotes the file's lines, and
+        // what reaches logs and `/plugins` must never carry file contents (a mistyped secret).
+        let s: PluginSettings = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|r| text[..r.start.min(text.len())].matches('\n').count() + 1);
+            let message = redact_quoted(e.message().trim());
+            match line {
+                Some(l) => format!("line {l}: {message}"),
+                None => message,
+            }
+        })?;
         for (key, reference) in &s.secrets {
             SecretRef::parse(reference).map_err(|e| format!("secrets.{key}: {e}"))?;
         }
@@ -93,6 +104,28 @@ impl PluginSettings {
         }
         l
     }
+}
+
+/// Replaces every double-quoted value in a parser message with `"…"` (serde quotes the offending
+/// value; keys are quoted with backticks and stay).
+fn redact_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut inside = false;
+    for c in message.chars() {
+        match (c, inside) {
+            ('"', false) => {
+                out.push_str("\"…");
+                inside = true;
+            }
+            ('"', true) => {
+                out.push('"');
+                inside = false;
+            }
+            (_, false) => out.push(c),
+            (_, true) => {}
+        }
+    }
+    out
 }
 
 /// How calls of one plugin are isolated from each other.
@@ -167,6 +200,10 @@ mod tests {
     fn mistakes_are_named() {
         let e = PluginSettings::parse("worker = 2").expect_err("unknown key");
         assert!(e.contains("worker"), "{e}");
+        let e = PluginSettings::parse("enabled = true\nworkers = \"hunter2-secret\"")
+            .expect_err("wrong type");
+        assert!(e.starts_with("line 2"), "{e}");
+        assert!(!e.contains("hunter2"), "a value from the file is echoed: {e}");
         let e = PluginSettings::parse("[secrets]\npw = \"only/two\"").expect_err("bad ref");
         assert!(e.contains("secrets.pw"), "{e}");
         assert!(PluginSettings::parse("workers = 0").is_err());

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::loading::files::{ELOOP, kind_of, open_no_follow};
+use crate::safe_fs::{ELOOP, kind_of, open_no_follow};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
