@@ -161,7 +161,7 @@ impl Discovery {
         loop {
             let g = self.group_fresh(&kind.group, refresh).await?;
             if let Some(info) = g.kind(&kind.kind)
-                && info.versions.iter().any(|v| *v == kind.version)
+                && info.versions.contains(&kind.version)
             {
                 return Ok(Resolved::new(kind, info));
             }

@@ -121,7 +121,7 @@ impl Grants {
         if !self.permissions.allows(&kind.group, &resource, verb) {
             return Err(Refusal::Undeclared { resource });
         }
-        if !info.versions.iter().any(|v| *v == kind.version) {
+        if !info.versions.contains(&kind.version) {
             return Err(Refusal::NotServed(format!(
                 "{} is not served at version {} (served: {})",
                 info.plural,

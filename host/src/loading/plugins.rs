@@ -80,8 +80,12 @@ struct OnDisk {
 impl PartialEq for OnDisk {
     fn eq(&self, o: &Self) -> bool {
         // The digest stands for the bytes.
-        (&self.wasm, &self.wasm_sha, &self.settings_text, &self.refusal)
-            == (&o.wasm, &o.wasm_sha, &o.settings_text, &o.refusal)
+        (
+            &self.wasm,
+            &self.wasm_sha,
+            &self.settings_text,
+            &self.refusal,
+        ) == (&o.wasm, &o.wasm_sha, &o.settings_text, &o.refusal)
     }
 }
 

@@ -203,7 +203,10 @@ mod tests {
         let e = PluginSettings::parse("enabled = true\nworkers = \"hunter2-secret\"")
             .expect_err("wrong type");
         assert!(e.starts_with("line 2"), "{e}");
-        assert!(!e.contains("hunter2"), "a value from the file is echoed: {e}");
+        assert!(
+            !e.contains("hunter2"),
+            "a value from the file is echoed: {e}"
+        );
         let e = PluginSettings::parse("[secrets]\npw = \"only/two\"").expect_err("bad ref");
         assert!(e.contains("secrets.pw"), "{e}");
         assert!(PluginSettings::parse("workers = 0").is_err());

@@ -1,0 +1,333 @@
+//! The trust boundary, proven by what the API server saw (its audit log), with hostile plugins:
+//! crafted namespaces, names, kinds and selectors reach nothing; a watch without a grant serves
+//! nothing and waits until the operator grants it (then starts without a restart, and stops again
+//! when the grant is revoked); events about objects outside the grant are refused; every call goes
+//! out under the plugin's own identity.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use testenv::AuditEvent;
+use wasm_controller_manager::loading::plugins::{FileStatus, WaitReason};
+
+async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn secret(name: &str) -> Result<Secret> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"password": "hunter2"}
+    }))?)
+}
+
+fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn plugin_user(plugin: &str) -> String {
+    format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
+}
+
+fn resource(e: &AuditEvent) -> &str {
+    e.object_ref.as_ref().map_or("", |o| o.resource.as_str())
+}
+
+fn namespace(e: &AuditEvent) -> &str {
+    e.object_ref.as_ref().map_or("", |o| o.namespace.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crafted_namespaces_names_kinds_and_selectors_reach_nothing() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    ensure_namespace(&client, "wcm-pi").await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "wcm-pi");
+    secrets
+        .create(&PostParams::default(), &secret("topsecret")?)
+        .await?;
+    let dir = temp_dir("path-injection")?;
+    install(&dir, "path-injection", "path-injection.wasm")?;
+    install(&dir, "well-behaved", "well-behaved.wasm")?;
+    let manager = start_manager(test_config(&dir)).await?;
+    let mark = env.audit_mark()?;
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "wcm-pi");
+    cms.create(
+        &PostParams::default(),
+        &cm("probe", &[("target", "topsecret")]),
+    )
+    .await?;
+    let attacks: Vec<serde_json::Value> = eventually(
+        "path-injection reports its attempts",
+        Duration::from_secs(60),
+        || async {
+            let c = cms.get("probe").await?;
+            let Some(text) = c
+                .metadata
+                .annotations
+                .and_then(|a| a.get("wcm.test/attacks").cloned())
+            else {
+                return Ok(None);
+            };
+            Ok(Some(serde_json::from_str(&text)?))
+        },
+    )
+    .await?;
+    assert_eq!(attacks.len(), 11, "{attacks:?}");
+    for a in &attacks {
+        let want = if a["attack"] == "undeclared kind" {
+            403
+        } else {
+            400
+        };
+        assert_eq!(a["code"], want, "{a}");
+    }
+
+    // What the API server saw since the plugin started: not one request about a Secret, nothing
+    // naming the target, and the plugin's own patch under its own identity.
+    let events = eventually(
+        "the patch of the probe in the audit log",
+        Duration::from_secs(30),
+        || async {
+            let events = env.audit_events_since(mark)?;
+            let patched = events.iter().any(|e| {
+                e.verb == "patch"
+                    && resource(e) == "configmaps"
+                    && e.object_ref.as_ref().is_some_and(|o| o.name == "probe")
+                    && e.effective_user() == plugin_user("path-injection")
+            });
+            Ok(patched.then_some(events))
+        },
+    )
+    .await?;
+    let secret_requests: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| resource(e) == "secrets" || e.request_uri.contains("topsecret"))
+        .collect();
+    assert!(
+        secret_requests.is_empty(),
+        "the API server received requests about the Secret: {secret_requests:?}"
+    );
+    // Every request of a plugin is its own: well-behaved's patches carry its identity.
+    eventually(
+        "well-behaved's patch under its own identity",
+        Duration::from_secs(30),
+        || async {
+            let found = env
+                .audit_events_since(mark)?
+                .iter()
+                .any(|e| e.verb == "patch" && e.effective_user() == plugin_user("well-behaved"));
+            Ok(found.then_some(()))
+        },
+    )
+    .await?;
+    let by_plugins_as_host = events
+        .iter()
+        .any(|e| e.verb == "patch" && resource(e) == "configmaps" && e.impersonated_user.is_none());
+    assert!(
+        !by_plugins_as_host,
+        "a plugin's patch went out under the host's identity"
+    );
+    let invalid = metric(
+        &manager,
+        "wcm_invalid_host_calls_total",
+        &[("plugin", "path-injection")],
+    );
+    assert!(invalid >= 10.0, "invalid calls counted: {invalid}");
+    let forbidden = metric(
+        &manager,
+        "wcm_forbidden_host_calls_total",
+        &[("plugin", "path-injection"), ("resource", "undeclared")],
+    );
+    assert!(forbidden >= 1.0, "undeclared kind counted: {forbidden}");
+    manager.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_without_a_grant_serves_nothing_and_starts_once_granted() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    ensure_namespace(&client, "wcm-sr").await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "wcm-sr");
+    secrets
+        .create(&PostParams::default(), &secret("s1")?)
+        .await?;
+    let dir = temp_dir("secret-reader")?;
+    let wasm = install(&dir, "secret-reader", "secret-reader.wasm")?;
+    let mark = env.audit_mark()?;
+    let manager = start_manager_ungranted(test_config(&dir)).await?;
+
+    let status = eventually(
+        "secret-reader waits for its grant",
+        Duration::from_secs(30),
+        || async {
+            Ok(manager
+                .plugins
+                .status()
+                .await
+                .get("secret-reader")
+                .cloned()
+                .filter(|s| {
+                    matches!(
+                        s,
+                        FileStatus::Waiting {
+                            reason: WaitReason::Forbidden,
+                            ..
+                        }
+                    )
+                }))
+        },
+    )
+    .await?;
+    let text = format!("{status:?}");
+    assert!(
+        text.contains("may not list secrets") && text.contains("wcm-sr"),
+        "{text}"
+    );
+    // Several retries later: still nothing served, and the API server saw no list or watch of
+    // Secrets at all (the shared informer was never started for it).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        metric(
+            &manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "secret-reader")]
+        ),
+        0.0
+    );
+    let reads: Vec<AuditEvent> = env
+        .audit_events_since(mark)?
+        .into_iter()
+        .filter(|e| resource(e) == "secrets" && e.verb != "create")
+        .collect();
+    assert!(
+        reads.is_empty(),
+        "Secrets were read before any grant: {reads:?}"
+    );
+    assert_eq!(
+        metric(
+            &manager,
+            "wcm_plugin_waiting",
+            &[("plugin", "secret-reader"), ("reason", "forbidden")]
+        ),
+        1.0
+    );
+
+    // The operator applies the generated RBAC: the plugin starts without a restart.
+    grant(std::slice::from_ref(&wasm)).await?;
+    eventually(
+        "secret-reader reconciles s1 once granted",
+        Duration::from_secs(30),
+        || async {
+            let n = metric(
+                &manager,
+                "controller_runtime_reconcile_total",
+                &[("controller", "secret-reader"), ("result", "success")],
+            );
+            Ok((n >= 1.0).then_some(()))
+        },
+    )
+    .await?;
+
+    // Revoked: the plugin stops and waits again.
+    let roles: Api<Role> = Api::namespaced(client.clone(), "wcm-sr");
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), "wcm-sr");
+    bindings
+        .delete("wcm-plugin:secret-reader", &DeleteParams::default())
+        .await
+        .context("delete the plugin's RoleBinding")?;
+    roles
+        .delete("wcm-plugin:secret-reader", &DeleteParams::default())
+        .await?;
+    eventually(
+        "secret-reader waits again after the revocation",
+        Duration::from_secs(30),
+        || async {
+            Ok(manager
+                .plugins
+                .status()
+                .await
+                .get("secret-reader")
+                .filter(|s| matches!(s, FileStatus::Waiting { .. }))
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    manager.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_about_objects_outside_the_grant_are_refused() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    ensure_namespace(&client, "wcm-eo").await?;
+    ensure_namespace(&client, "wcm-eo-other").await?;
+    let dir = temp_dir("event-outside")?;
+    install(&dir, "event-outside", "event-outside.wasm")?;
+    let manager = start_manager(test_config(&dir)).await?;
+    let mark = env.audit_mark()?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "wcm-eo");
+    cms.create(&PostParams::default(), &cm("c1", &[])).await?;
+
+    let user = plugin_user("event-outside");
+    let events = eventually(
+        "both event writes in the audit log",
+        Duration::from_secs(60),
+        || async {
+            let events = env.audit_events_since(mark)?;
+            let writes: Vec<AuditEvent> = events
+                .into_iter()
+                .filter(|e| resource(e) == "events" && e.verb == "create")
+                .collect();
+            let inside = writes.iter().any(|e| namespace(e) == "wcm-eo");
+            let outside = writes.iter().any(|e| namespace(e) == "wcm-eo-other");
+            Ok((inside && outside).then_some(writes))
+        },
+    )
+    .await?;
+    for e in &events {
+        assert_eq!(e.effective_user(), user, "{e:?}");
+        match namespace(e) {
+            "wcm-eo" => assert_eq!(e.code(), Some(201), "{e:?}"),
+            "wcm-eo-other" => assert_eq!(e.code(), Some(403), "{e:?}"),
+            other => panic!("an event was written to {other}: {e:?}"),
+        }
+    }
+    // The event about a Secret (neither watched nor declared) never left the host.
+    let refused = metric(
+        &manager,
+        "wcm_invalid_host_calls_total",
+        &[("plugin", "event-outside"), ("call", "event")],
+    );
+    assert!(refused >= 1.0, "{refused}");
+    manager.stop().await;
+    Ok(())
+}
