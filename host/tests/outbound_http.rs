@@ -43,14 +43,23 @@ async fn only_declared_and_allowed_hosts_are_reached() -> Result<()> {
         dir.join("denied.toml"),
         "name = \"http-denied\"\n[config]\nannotation = \"wcm.test/denied\"\n",
     )?;
+    // Allowed by name, but the name resolves to loopback: refused unless allowed by address.
+    std::fs::write(
+        dir.join("by-name.toml"),
+        "name = \"http-by-name\"\nallowed_hosts = [\"localhost\"]\n[config]\nannotation = \"wcm.test/by-name\"\nurl-key = \"url_by_name\"\n",
+    )?;
     install(&dir, "http-get", "allowed.wasm")?;
     install(&dir, "http-get", "denied.wasm")?;
+    install(&dir, "http-get", "by-name.wasm")?;
     let manager = start_manager(test_config(&dir)).await?;
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "probe", "labels": {"wcm.test/http": "yes"}},
-        "data": {"url": format!("http://127.0.0.1:{port}/v2.0/networks")}
+        "data": {
+            "url": format!("http://127.0.0.1:{port}/v2.0/networks"),
+            "url_by_name": format!("http://localhost:{port}/v2.0/networks"),
+        }
     }))?;
     cms.create(&PostParams::default(), &cm).await?;
 
@@ -83,6 +92,16 @@ async fn only_declared_and_allowed_hosts_are_reached() -> Result<()> {
     assert!(
         denied.starts_with("error:") && denied.contains("Denied"),
         "{denied}"
+    );
+    let by_name = eventually(
+        "the plugin allowed by name got an error",
+        Duration::from_secs(30),
+        || async { annotations("wcm.test/by-name").await },
+    )
+    .await?;
+    assert!(
+        by_name.starts_with("error:") && by_name.contains("Prohibited"),
+        "a name resolving to loopback was reached: {by_name}"
     );
     // Every request that reached the server came from the allowed plugin: one per reconcile of it.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -331,3 +331,82 @@ async fn events_about_objects_outside_the_grant_are_refused() -> Result<()> {
     manager.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_that_are_not_plugins_in_the_directory_are_refused_and_the_rest_runs() -> Result<()> {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    let dir = temp_dir("hostile-files")?;
+    let outside = temp_dir("hostile-files-outside")?;
+    let cache = temp_dir("hostile-files-cache")?;
+    std::fs::write(dir.join("good.toml"), "name = \"files-good\"\n")?;
+    install(&dir, "well-behaved", "good.wasm")?;
+    // A link out of the directory, a FIFO, /dev/zero as a plugin and as a NAME.toml.
+    install(&outside, "well-behaved", "escape.wasm")?;
+    symlink(outside.join("escape.wasm"), dir.join("escape.wasm"))?;
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(dir.join("fifo.wasm"))
+        .status()?;
+    anyhow::ensure!(fifo.success(), "mkfifo failed");
+    symlink("/dev/zero", dir.join("devzero.wasm"))?;
+    install(&dir, "well-behaved", "zero.wasm")?;
+    symlink("/dev/zero", dir.join("zero.toml"))?;
+
+    let mut cfg = test_config(&dir);
+    cfg.compile_cache = Some(cache.clone());
+    let manager = start_manager(cfg.clone()).await?;
+    let status = manager.plugins.status().await;
+    let refused = |stem: &str| match status.get(stem) {
+        Some(FileStatus::Refused { error }) => error.clone(),
+        other => format!("not refused: {other:?}"),
+    };
+    assert!(
+        refused("escape").contains("outside the plugins directory"),
+        "{}",
+        refused("escape")
+    );
+    assert!(refused("fifo").contains("FIFO"), "{}", refused("fifo"));
+    // /dev/zero is refused before anything is read from it (reading would never end).
+    assert!(
+        refused("devzero").contains("/dev/zero, outside the plugins directory"),
+        "{}",
+        refused("devzero")
+    );
+    assert!(
+        refused("zero").contains("zero.toml") && refused("zero").contains("/dev/zero"),
+        "{}",
+        refused("zero")
+    );
+    assert!(
+        matches!(status.get("good"), Some(FileStatus::Running { .. })),
+        "{status:?}"
+    );
+    manager.stop().await;
+
+    // A compile-cache file the host did not write (here: made writable by everyone, as a planted
+    // file would be) is not loaded: the plugin is compiled again, runs, and the entry is rewritten.
+    let entries: Vec<_> = std::fs::read_dir(&cache)?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    anyhow::ensure!(
+        !entries.is_empty(),
+        "nothing was cached in {}",
+        cache.display()
+    );
+    for e in &entries {
+        std::fs::set_permissions(e, std::fs::Permissions::from_mode(0o666))?;
+    }
+    let manager = start_manager(cfg).await?;
+    let status = manager.plugins.status().await;
+    assert!(
+        matches!(status.get("good"), Some(FileStatus::Running { .. })),
+        "{status:?}"
+    );
+    for e in &entries {
+        let mode = std::fs::metadata(e)?.permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} was not rewritten", e.display());
+    }
+    manager.stop().await;
+    Ok(())
+}

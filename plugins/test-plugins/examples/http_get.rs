@@ -1,7 +1,8 @@
 //! `http-get`: for each ConfigMap labelled `wcm.test/http`, GETs `data.url` over `wasi:http` and
 //! records the outcome in the annotation named by the config key `annotation`: the status code, or
 //! `error: …` (e.g. when the host refuses a host that is not declared and allowed). Declares the
-//! outbound host `127.0.0.1`.
+//! outbound hosts `127.0.0.1` and `localhost`; the config key `url-key` names the data key holding
+//! the URL (default `url`).
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
@@ -15,7 +16,9 @@ impl Reconciler for HttpGet {
             .primary(Watch::of::<ConfigMap>().label_selector("wcm.test/http"))
             .permission(Permission::of::<ConfigMap>(&["get", "patch"]))
             .outbound_host("127.0.0.1")
+            .outbound_host("localhost")
             .config_key("annotation")
+            .config_key("url-key")
     }
 
     fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
@@ -25,10 +28,11 @@ impl Reconciler for HttpGet {
         let annotation = ctx
             .config("annotation")
             .unwrap_or_else(|| "wcm.test/http-status".into());
+        let url_key = ctx.config("url-key").unwrap_or_else(|| "url".into());
         let url = cm
             .data
             .as_ref()
-            .and_then(|d| d.get("url"))
+            .and_then(|d| d.get(&url_key))
             .cloned()
             .unwrap_or_default();
         let outcome = match get(&url) {
