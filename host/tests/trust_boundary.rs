@@ -256,6 +256,20 @@ async fn a_watch_without_a_grant_serves_nothing_and_starts_once_granted() -> Res
     )
     .await?;
 
+    // While it runs, its grants are checked once per rescan (every 2 s here), not in a loop: the
+    // API server sees a handful of access reviews in 6 s, not hundreds.
+    let quiet = env.audit_mark()?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let reviews = env
+        .audit_events_since(quiet)?
+        .iter()
+        .filter(|e| {
+            resource(e) == "selfsubjectaccessreviews"
+                && e.effective_user() == plugin_user("secret-reader")
+        })
+        .count();
+    assert!(reviews <= 12, "{reviews} access reviews in 6 s");
+
     // Revoked: the plugin stops and waits again.
     let roles: Api<Role> = Api::namespaced(client.clone(), "wcm-sr");
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), "wcm-sr");

@@ -215,7 +215,15 @@ impl PluginManager {
     pub async fn run(self: Arc<Self>) -> Result<()> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
+            // Opening and reading files is reported too (inotify's OPEN): the rescan's own reads
+            // must not trigger the next rescan. A file closed after writing still counts.
+            use notify::event::{AccessKind, AccessMode, EventKind};
+            let relevant = |k: &EventKind| match k {
+                EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+                EventKind::Access(_) => false,
+                _ => true,
+            };
+            if res.is_ok_and(|e| relevant(&e.kind)) {
                 let _ = tx.send(());
             }
         })
