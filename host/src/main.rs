@@ -43,6 +43,37 @@ enum Command {
     Rbac(RbacArgs),
 }
 
+/// Where the plugins' identities live (the same for `run` and `rbac`).
+#[derive(Args)]
+struct IdentityArgs {
+    /// Namespace of the plugins' ServiceAccounts: each plugin acts as its own ServiceAccount
+    /// (impersonated), so the API server's RBAC decides what it may do.
+    #[arg(
+        long,
+        env = "WCM_PLUGIN_IDENTITY_NAMESPACE",
+        default_value = "wcm-system"
+    )]
+    plugin_identity_namespace: String,
+    /// Prefix of a plugin's ServiceAccount name (the plugin's name follows it).
+    #[arg(
+        long,
+        env = "WCM_PLUGIN_IDENTITY_PREFIX",
+        default_value = "wcm-plugin-"
+    )]
+    plugin_identity_prefix: String,
+}
+
+impl IdentityArgs {
+    fn settings(self) -> anyhow::Result<IdentitySettings> {
+        wasm_controller_manager::contract::validate::namespace(&self.plugin_identity_namespace)
+            .map_err(|e| anyhow::anyhow!("--plugin-identity-namespace: {e}"))?;
+        Ok(IdentitySettings {
+            namespace: self.plugin_identity_namespace,
+            prefix: self.plugin_identity_prefix,
+        })
+    }
+}
+
 #[derive(Args)]
 struct RbacArgs {
     /// Plugin components (.wasm).
@@ -52,20 +83,8 @@ struct RbacArgs {
     /// without it kinds are pluralised, and a note says so.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Namespace of the plugins' ServiceAccounts (as `run --plugin-identity-namespace`).
-    #[arg(
-        long,
-        env = "WCM_PLUGIN_IDENTITY_NAMESPACE",
-        default_value = "wcm-system"
-    )]
-    plugin_identity_namespace: String,
-    /// Prefix of a plugin's ServiceAccount name (as `run --plugin-identity-prefix`).
-    #[arg(
-        long,
-        env = "WCM_PLUGIN_IDENTITY_PREFIX",
-        default_value = "wcm-plugin-"
-    )]
-    plugin_identity_prefix: String,
+    #[command(flatten)]
+    identity: IdentityArgs,
     /// The host's ServiceAccount as NAMESPACE/NAME, to print what it needs (watching, impersonating);
     /// "none" prints only the plugins' objects.
     #[arg(long, default_value = "wcm-system/wasm-controller-manager")]
@@ -83,8 +102,7 @@ impl RbacArgs {
     async fn run(self) -> anyhow::Result<String> {
         use wasm_controller_manager::contract::validate;
         use wasm_controller_manager::loading::rbac::{RbacRequest, generate, render};
-        validate::namespace(&self.plugin_identity_namespace)
-            .map_err(|e| anyhow::anyhow!("--plugin-identity-namespace: {e}"))?;
+        let identity = self.identity.settings()?;
         let host_service_account = match self.host_service_account.as_str() {
             "none" => None,
             s => {
@@ -100,10 +118,7 @@ impl RbacArgs {
         let req = RbacRequest {
             compile_cache: self.compile_cache,
             plugins: self.plugins,
-            identity: IdentitySettings {
-                namespace: self.plugin_identity_namespace,
-                prefix: self.plugin_identity_prefix,
-            },
+            identity,
             host_service_account,
         };
         let Some(path) = &self.kubeconfig else {
@@ -180,21 +195,8 @@ struct RunArgs {
     /// Burst above --event-qps.
     #[arg(long, default_value_t = 50)]
     event_burst: u32,
-    /// Namespace of the plugins' ServiceAccounts: each plugin acts as its own ServiceAccount
-    /// (impersonated), so the API server's RBAC decides what it may do.
-    #[arg(
-        long,
-        env = "WCM_PLUGIN_IDENTITY_NAMESPACE",
-        default_value = "wcm-system"
-    )]
-    plugin_identity_namespace: String,
-    /// Prefix of a plugin's ServiceAccount name (the plugin's name follows it).
-    #[arg(
-        long,
-        env = "WCM_PLUGIN_IDENTITY_PREFIX",
-        default_value = "wcm-plugin-"
-    )]
-    plugin_identity_prefix: String,
+    #[command(flatten)]
+    identity: IdentityArgs,
     /// API requests per second of one plugin, before the host-wide --kube-qps (NAME.toml: api_qps).
     #[arg(long, default_value_t = 20.0)]
     plugin_api_qps: f64,
@@ -232,8 +234,7 @@ impl RunArgs {
             ),
         };
         anyhow::ensure!(self.memory_mb > 0, "--memory-mb must be at least 1");
-        wasm_controller_manager::contract::validate::namespace(&self.plugin_identity_namespace)
-            .map_err(|e| anyhow::anyhow!("--plugin-identity-namespace: {e}"))?;
+        let identity = self.identity.settings()?;
         anyhow::ensure!(
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
@@ -258,10 +259,7 @@ impl RunArgs {
             allowed_hosts: self.allowed_hosts,
             event_qps: self.event_qps,
             event_burst: self.event_burst,
-            identity: IdentitySettings {
-                namespace: self.plugin_identity_namespace,
-                prefix: self.plugin_identity_prefix,
-            },
+            identity,
             budgets: BudgetSettings {
                 api_qps: self.plugin_api_qps,
                 api_burst: self.plugin_api_burst,

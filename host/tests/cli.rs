@@ -65,3 +65,41 @@ fn inspect_refuses_bad_files_clearly() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn rbac_prints_the_grant_of_what_a_plugin_declares() -> Result<()> {
+    let out = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("rbac")
+        .arg(common::plugin("pod_counter")?)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("name: wcm-plugin-pod-counter"), "{text}");
+    assert!(text.contains("kind: ClusterRole"), "{text}");
+    // Its declared node patch, the list/watch of what it watches, and the host's impersonation of
+    // exactly its ServiceAccount.
+    assert!(
+        text.contains("- nodes") && text.contains("- patch"),
+        "{text}"
+    );
+    assert!(text.contains("- watch"), "{text}");
+    assert!(text.contains("name: wcm-host:impersonate"), "{text}");
+    assert!(text.contains("- impersonate"), "{text}");
+    assert!(
+        text.contains("# note:"),
+        "offline pluralisation is said: {text}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .args(["rbac", "--plugin-identity-namespace", "Not/A/Namespace"])
+        .arg(common::plugin("pod_counter")?)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--plugin-identity-namespace"), "{err}");
+    Ok(())
+}
