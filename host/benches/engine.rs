@@ -173,6 +173,7 @@ fn config(dir: &std::path::Path) -> RunConfig {
         },
         max_workers_per_plugin: 16,
         wait_retry: Duration::from_secs(1),
+        sync_timeout: Duration::from_secs(30),
         rate_limits: RateLimits::default(),
     }
 }

@@ -45,6 +45,8 @@ pub struct RunConfig {
     pub max_workers_per_plugin: u32,
     /// How often waiting plugins are tried again.
     pub wait_retry: Duration,
+    /// How long a plugin's caches may take to sync before it waits and is tried again.
+    pub sync_timeout: Duration,
 }
 
 /// A running manager (for tests and `run`).
@@ -112,6 +114,7 @@ impl Manager {
             api,
             metrics: metrics.clone(),
             rate_limits: cfg.rate_limits,
+            sync_timeout: cfg.sync_timeout,
         });
         let plugins = PluginManager::new(
             parts,

@@ -216,6 +216,9 @@ struct RunArgs {
     /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
     #[arg(long, default_value_t = 5)]
     wait_retry_seconds: u64,
+    /// How long a plugin's caches may take to list before it waits and is tried again, seconds.
+    #[arg(long, default_value_t = 60)]
+    cache_sync_timeout_seconds: u64,
     /// Retries per second over all keys of a plugin (token bucket).
     #[arg(long, default_value_t = 10.0)]
     retry_qps: f64,
@@ -269,6 +272,7 @@ impl RunArgs {
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),
+            sync_timeout: Duration::from_secs(self.cache_sync_timeout_seconds.max(1)),
             rate_limits: RateLimits {
                 base_delay: Duration::from_millis(self.retry_base_ms),
                 max_delay: Duration::from_secs(self.retry_max_seconds),

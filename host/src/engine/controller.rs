@@ -61,6 +61,8 @@ pub struct ControllerParts {
     pub api: ApiAccess,
     pub metrics: Arc<Metrics>,
     pub rate_limits: RateLimits,
+    /// How long a controller waits for its informers' first list before giving up.
+    pub sync_timeout: Duration,
 }
 
 pub struct Controller {
@@ -133,7 +135,7 @@ impl Controller {
         version: Version,
         workers: u32,
         resync: Option<Duration>,
-    ) -> Controller {
+    ) -> Result<Controller, String> {
         let name = version.description.name.clone();
         let queue = WorkQueue::with_observer(
             RateLimiter::new(parts.rate_limits),
@@ -176,8 +178,21 @@ impl Controller {
                 }
             }));
         }
+        // An informer the API server refuses (the host's own RBAC) or cannot serve never syncs:
+        // give up after a while instead of waiting for ever, and let the loader retry.
         for i in &informers {
-            i.wait_synced().await;
+            if tokio::time::timeout(parts.sync_timeout, i.wait_synced())
+                .await
+                .is_err()
+            {
+                for t in &tasks {
+                    t.abort();
+                }
+                return Err(format!(
+                    "the cache of {} did not sync within {:?}: may the host's own identity list and watch it?",
+                    i.key.plural, parts.sync_timeout
+                ));
+            }
         }
         let primary_store = informers
             .first()
@@ -214,7 +229,7 @@ impl Controller {
             tasks.push(tokio::spawn(w.run()));
         }
         tracing::info!(plugin = %name, workers, informers = informers.len(), "controller started");
-        Controller {
+        Ok(Controller {
             name,
             queue,
             version,
@@ -222,7 +237,7 @@ impl Controller {
             informers,
             workers,
             metrics: parts.metrics.clone(),
-        }
+        })
     }
 
     /// Switches to a new version with the same watches, keeping the queue. Waits for in-flight

@@ -600,8 +600,9 @@ impl PluginManager {
             .or(description.resync_seconds)
             .map(|s| Duration::from_secs(u64::from(s)));
 
-        let mut running = self.running.lock().await;
-        let previous = running.remove(stem);
+        // Nothing below holds `running` while it waits (a stop drains in-flight reconciles, a start
+        // waits for caches): status and the other plugins stay answerable.
+        let previous = self.running.lock().await.remove(stem);
         // Hosts: what the plugin declared and the operator allowed (globally or for this plugin),
         // compared after normalising host and port on both sides.
         let allowed: Vec<String> = self
@@ -621,7 +622,7 @@ impl PluginManager {
                 self.stop_running(p).await;
             }
             tracing::info!(plugin = %name, "plugin disabled by its settings");
-            running.insert(
+            self.running.lock().await.insert(
                 stem.to_string(),
                 Running {
                     name: name.clone(),
@@ -682,12 +683,26 @@ impl PluginManager {
                         self.events.unregister(&old_name);
                     }
                 }
-                Controller::start(&self.parts, informers, namespaced, version, workers, resync)
-                    .await
+                match Controller::start(
+                    &self.parts,
+                    informers,
+                    namespaced,
+                    version,
+                    workers,
+                    resync,
+                )
+                .await
+                {
+                    Ok(c) => c,
+                    Err(why) => {
+                        self.events.unregister(&name);
+                        return Err(waiting(WaitReason::Unreachable, why));
+                    }
+                }
             }
         };
         tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, identity = %identity.username, "plugin running");
-        running.insert(
+        self.running.lock().await.insert(
             stem.to_string(),
             Running {
                 name,
