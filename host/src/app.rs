@@ -133,14 +133,7 @@ impl Manager {
             },
             config,
         );
-        // The first scan happens before start returns, so a caller sees the plugins that were there.
-        plugins.rescan().await;
-        let p = plugins.clone();
-        let plugin_task = tokio::spawn(async move {
-            if let Err(e) = p.run().await {
-                tracing::error!("plugins directory watch ended: {e:#}");
-            }
-        });
+        // Health and metrics answer from the start, also while the first scan loads plugins.
         let (http_task, metrics_addr) = match cfg.metrics_addr {
             Some(addr) => {
                 let (task, bound) =
@@ -149,6 +142,14 @@ impl Manager {
             }
             None => (None, None),
         };
+        // The first scan happens before start returns, so a caller sees the plugins that were there.
+        plugins.rescan().await;
+        let p = plugins.clone();
+        let plugin_task = tokio::spawn(async move {
+            if let Err(e) = p.run().await {
+                tracing::error!("plugins directory watch ended: {e:#}");
+            }
+        });
         Ok(Manager {
             plugins,
             metrics,

@@ -142,6 +142,20 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
         },
     )
     .await?;
+    eventually(
+        "undeclared-call's reconcile reports the Forbidden error",
+        Duration::from_secs(30),
+        || async {
+            Ok((metric(
+                &manager,
+                "controller_runtime_reconcile_total",
+                &[("controller", "undeclared-call"), ("result", "error")],
+            ) >= 1.0)
+                .then_some(()))
+        },
+    )
+    .await?;
+
     // Retries back off: with a 200 ms base delay doubling, a few seconds allow only a handful.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let panics = metric(

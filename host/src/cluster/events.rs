@@ -355,8 +355,7 @@ impl Writer {
 
     fn event(&self, (plugin, e): &SeriesKey, series: &Series) -> Event {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let mut note = e.note.clone();
-        truncate(&mut note, 1024);
+        let note = crate::contract::validate::truncate(&e.note, 1024).to_string();
         Event {
             metadata: ObjectMeta {
                 name: Some(series.name.clone()),
@@ -489,16 +488,6 @@ fn unique_suffix() -> u128 {
     let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
     *last = (*last + 1).max(now);
     *last
-}
-
-fn truncate(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
 }
 
 #[cfg(test)]

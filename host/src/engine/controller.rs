@@ -414,7 +414,9 @@ impl Worker {
                 self.metrics
                     .plugin_failure(&self.name, failure_reason(&call_error));
                 if v.services.budgets.log_line() {
-                    tracing::error!(plugin = %self.name, %key, attempt = req.attempt, "plugin call failed, retrying with backoff: {call_error}");
+                    // A trap carries the guest's panic text: escaped like any guest string.
+                    let why = validate::log_text(&call_error.to_string(), 4096);
+                    tracing::error!(plugin = %self.name, %key, attempt = req.attempt, "plugin call failed, retrying with backoff: {why}");
                 }
                 self.queue.add_rate_limited(key.clone());
             }

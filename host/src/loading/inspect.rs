@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::cluster::services::Services;
 use crate::contract::{Description, Mapping, Watch};
+use crate::loading::files;
 use crate::loading::settings::PluginSettings;
 use crate::sandbox::{Compiled, Limits, Runtime, RuntimeSettings};
 
@@ -23,16 +24,20 @@ pub struct Described {
 
 /// Compiles and describes a plugin file without a cluster (its NAME.toml's config and name apply).
 pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Result<Described> {
-    let bytes = read_regular(path, MAX_FILE_BYTES)?
-        .with_context(|| format!("read {}: no such file", path.display()))?;
+    // Read as the loader reads its directory: regular files only (a FIFO or a device is refused,
+    // not read), inside the file's own directory, size-capped.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let bytes = files::read_plugin_file(dir, path, MAX_FILE_BYTES)
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", path.display()))?;
     let settings_path = path.with_extension("toml");
-    let settings = match read_regular(&settings_path, 64 << 10)? {
-        Some(bytes) => {
-            let text = String::from_utf8(bytes)
-                .map_err(|_| anyhow::anyhow!("{} is not UTF-8", settings_path.display()))?;
-            PluginSettings::parse(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", settings_path.display()))?
-        }
+    let settings = match files::read_settings_file(dir, &settings_path, 64 << 10)
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", settings_path.display()))?
+    {
+        Some(text) => PluginSettings::parse(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", settings_path.display()))?,
         None => PluginSettings::default(),
     };
     let runtime = Runtime::new(RuntimeSettings {
@@ -68,34 +73,6 @@ pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Resul
 
 /// Largest plugin file these commands read (as `run --max-plugin-bytes`' default).
 const MAX_FILE_BYTES: u64 = 64 << 20;
-
-/// The bytes of a regular file (links followed), at most `max`; None when it does not exist. A
-/// FIFO or a device is refused rather than read (reading one may never end).
-fn read_regular(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
-    };
-    anyhow::ensure!(meta.is_file(), "{} is not a regular file", path.display());
-    anyhow::ensure!(
-        meta.len() <= max,
-        "{} is {} bytes, over the {max} byte limit",
-        path.display(),
-        meta.len()
-    );
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
-        .with_context(|| format!("read {}", path.display()))?;
-    anyhow::ensure!(
-        bytes.len() as u64 <= max,
-        "{} grew while read",
-        path.display()
-    );
-    Ok(Some(bytes))
-}
 
 /// Loads, compiles and describes a plugin; returns the report as text (or JSON).
 pub async fn inspect(path: &Path, json: bool) -> Result<String> {

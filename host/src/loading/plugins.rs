@@ -190,6 +190,8 @@ pub struct PluginManager {
     refused: Mutex<HashMap<String, (OnDisk, String)>>,
     waiting: Mutex<HashMap<String, Waiting>>,
     rescan_lock: Mutex<()>,
+    /// Set once the first scan has loaded what was there (for `/readyz`).
+    scanned: std::sync::atomic::AtomicBool,
 }
 
 impl PluginManager {
@@ -208,6 +210,7 @@ impl PluginManager {
             refused: Mutex::default(),
             waiting: Mutex::default(),
             rescan_lock: Mutex::new(()),
+            scanned: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -417,6 +420,13 @@ impl PluginManager {
             .filter(|r| r.controller.is_some())
             .count();
         self.parts.metrics.plugins_loaded(n);
+        self.scanned
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the first scan is done.
+    pub fn scanned(&self) -> bool {
+        self.scanned.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Stops every running plugin whose identity lost a grant it needs; it waits again.
@@ -528,12 +538,28 @@ impl PluginManager {
             .runtime
             .describe(&compiled, describe_services, &limits)
             .await
-            .map_err(|e| anyhow::anyhow!("describe failed: {e}"))?;
+            .map_err(|e| {
+                let why = crate::contract::validate::log_text(&e.to_string(), 4096);
+                anyhow::anyhow!("describe failed: {why}")
+            })?;
         if let Some(name) = &settings.name {
             description.name = name.clone();
         }
         crate::contract::validate::description(&description).map_err(anyhow::Error::msg)?;
         let name = description.name.clone();
+        // The name is the plugin's identity (its ServiceAccount): a new version of a file may not
+        // take another one. Renaming is the operator's: a new file, or `name` in NAME.toml.
+        if let Some(r) = self.running.lock().await.get(stem)
+            && r.name != name
+            && settings.name.is_none()
+            && r.disk.settings_text == disk.settings_text
+        {
+            return Err(anyhow::anyhow!(
+                "the new version declares the name {name:?}, but this file runs {:?}: a plugin's name is its identity; to rename it, set `name` in {stem}.toml or use a new file",
+                r.name
+            )
+            .into());
+        }
         let waiting = |reason: WaitReason, message: String| LoadError::Waiting {
             plugin: name.clone(),
             reason,
@@ -591,9 +617,14 @@ impl PluginManager {
             .or(description.workers)
             .unwrap_or(self.settings.default_workers)
             .max(1);
-        let workers = asked.min(self.settings.max_workers.max(1));
+        // A worker holds at most one instance: never more workers than the plugin may have
+        // instances, or a worker would wait for a slot while holding its key.
+        let budgets = settings.budgets(&self.settings.budgets);
+        let workers = asked
+            .min(self.settings.max_workers.max(1))
+            .min(budgets.max_instances.max(1));
         if workers < asked {
-            tracing::warn!(plugin = %name, asked, workers, "workers capped (--max-workers-per-plugin)");
+            tracing::warn!(plugin = %name, asked, workers, "workers capped (--max-workers-per-plugin, --max-instances-per-plugin)");
         }
         let resync = settings
             .resync_seconds
@@ -651,7 +682,7 @@ impl PluginManager {
                 metrics: self.parts.metrics.clone(),
             },
             settings.config.clone(),
-            &settings.budgets(&self.settings.budgets),
+            &budgets,
             allowed_hosts,
             protected_ips,
         ));

@@ -17,7 +17,7 @@ use crate::cluster::services::Services;
 /// Per-call limits of a plugin.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Time the guest may run per call (time inside host calls does not count).
+    /// Time the guest may run per call (time inside the host's API calls does not count; time blocked in a WASI poll does).
     pub cpu_deadline: Duration,
     /// Whole call, host calls included.
     pub wall_timeout: Duration,
@@ -93,7 +93,13 @@ impl CallCtx {
             .build();
         CallCtx {
             wasi,
-            table: ResourceTable::new(),
+            table: {
+                // Resources a guest holds at once (streams, HTTP requests, fields, ...), in host
+                // memory outside its linear-memory cap: bounded.
+                let mut t = ResourceTable::new();
+                t.set_max_capacity(MAX_RESOURCES);
+                t
+            },
             limiter: InstanceLimiter {
                 cap: limits.memory,
                 used: 0,
@@ -112,7 +118,12 @@ impl CallCtx {
             stdout,
             stderr,
             logged: [0, 0],
-            http: WasiHttpCtx::new(),
+            http: {
+                // Header sets of at most 16 KiB each: a guest's HTTP state is host memory too.
+                let mut h = WasiHttpCtx::new();
+                h.set_field_size_limit(16 << 10);
+                h
+            },
             http_policy,
         }
     }
@@ -243,6 +254,9 @@ pub(crate) struct InstanceLimiter {
     cap: usize,
     used: usize,
 }
+
+/// Host-side resources one instance may hold at once.
+const MAX_RESOURCES: usize = 1024;
 
 /// What one table element is counted as against the memory cap.
 const TABLE_ELEMENT_BYTES: usize = 16;

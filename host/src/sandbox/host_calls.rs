@@ -270,6 +270,8 @@ impl CallCtx {
         namespace: Option<&str>,
         selector: Option<&str>,
     ) -> Result<Vec<std::sync::Arc<crate::engine::cache::CachedObject>>, String> {
+        // As for API calls: an empty namespace is all namespaces.
+        let namespace = namespace.filter(|ns| !ns.is_empty());
         let checked = validate::kind(kind)
             .and_then(|_| namespace.map_or(Ok(()), validate::namespace))
             .and_then(|_| selector.map_or(Ok(()), validate::label_selector));

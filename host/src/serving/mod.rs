@@ -48,6 +48,12 @@ pub async fn serve(
 
 /// Ready once the first scan is done: every plugin that loads has synced its informers.
 async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    if !s.plugins.scanned() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: loading the plugins directory\n".into(),
+        );
+    }
     let status = s.plugins.status().await;
     let running = status
         .values()
