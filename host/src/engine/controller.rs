@@ -25,7 +25,8 @@ use crate::sandbox::{CallError, Compiled, Limits, Runtime, Warm};
 
 /// A loaded version of a plugin: the compiled component, what it declared, its services and limits.
 pub struct Version {
-    pub compiled: Compiled,
+    /// Shared with the loader's memo of compiled components (by digest).
+    pub compiled: Arc<Compiled>,
     pub description: Description,
     pub services: Arc<Services>,
     pub limits: Limits,

@@ -40,8 +40,8 @@ use crate::engine::controller::{
 use crate::engine::informer::InformerKey;
 use crate::loading::files;
 use crate::loading::settings::{PluginSettings, SecretRef};
-use crate::sandbox::Limits;
 use crate::sandbox::http::effective_hosts;
+use crate::sandbox::{Compiled, Limits};
 
 /// Limits on what the directory may hold, and what every plugin gets by default.
 #[derive(Debug, Clone)]
@@ -190,6 +190,8 @@ pub struct PluginManager {
     refused: Mutex<HashMap<String, (OnDisk, String)>>,
     waiting: Mutex<HashMap<String, Waiting>>,
     rescan_lock: Mutex<()>,
+    /// Compiled components by digest, for the files in the directory (pruned at each rescan).
+    compiled: Mutex<HashMap<String, Arc<Compiled>>>,
     /// Set once the first scan has loaded what was there (for `/readyz`).
     scanned: std::sync::atomic::AtomicBool,
 }
@@ -210,6 +212,7 @@ impl PluginManager {
             refused: Mutex::default(),
             waiting: Mutex::default(),
             rescan_lock: Mutex::new(()),
+            compiled: Mutex::default(),
             scanned: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -341,6 +344,14 @@ impl PluginManager {
             keep
         });
         self.recheck_grants().await;
+        {
+            let on_disk_shas: std::collections::HashSet<&String> =
+                on_disk.values().map(|d| &d.wasm_sha).collect();
+            self.compiled
+                .lock()
+                .await
+                .retain(|sha, _| on_disk_shas.contains(sha));
+        }
         // New and changed files, in name order: of two files declaring one name, the first wins.
         let mut stems: Vec<&String> = on_disk.keys().collect();
         stems.sort();
@@ -526,11 +537,7 @@ impl PluginManager {
             })?,
             None => PluginSettings::default(),
         };
-        let bytes = disk.bytes.clone();
-        let runtime = self.parts.runtime.clone();
-        let compiled = tokio::task::spawn_blocking(move || runtime.compile(&bytes))
-            .await
-            .context("compile task")??;
+        let compiled = self.compile(disk).await?;
         let limits = settings.limits(&self.settings.default_limits);
         let describe_services = Arc::new(Services::for_describe(stem, settings.config.clone()));
         let mut description = self
@@ -744,6 +751,26 @@ impl PluginManager {
             },
         );
         Ok(())
+    }
+
+    /// The compiled component of these bytes: from the memo when the same bytes were compiled
+    /// before (a waiting plugin is tried again every few seconds; it is not compiled each time).
+    async fn compile(&self, disk: &OnDisk) -> anyhow::Result<Arc<Compiled>> {
+        if let Some(c) = self.compiled.lock().await.get(&disk.wasm_sha) {
+            return Ok(c.clone());
+        }
+        let bytes = disk.bytes.clone();
+        let runtime = self.parts.runtime.clone();
+        let compiled = Arc::new(
+            tokio::task::spawn_blocking(move || runtime.compile(&bytes))
+                .await
+                .context("compile task")??,
+        );
+        self.compiled
+            .lock()
+            .await
+            .insert(disk.wasm_sha.clone(), compiled.clone());
+        Ok(compiled)
     }
 
     /// Reads the Secrets named in NAME.toml as the plugin (its identity must be allowed to).
