@@ -440,3 +440,105 @@ async fn files_that_are_not_plugins_in_the_directory_are_refused_and_the_rest_ru
     manager.stop().await;
     Ok(())
 }
+
+/// A client configuration that authenticates as `namespace/name` (a ServiceAccount), with a token
+/// the API server issues (TokenRequest), as a Pod's projected token would.
+async fn service_account_config(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<kube::Config> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::config::{AuthInfo, Kubeconfig};
+
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+    let issued: TokenRequest = sas
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await?;
+    let token = issued.status.context("no token issued")?.token;
+    let env = testenv::TestEnv::shared().await?;
+    let mut kc = Kubeconfig::read_from(env.kubeconfig_path().context("kubeconfig")?)?;
+    for a in &mut kc.auth_infos {
+        a.auth_info = Some(serde_json::from_value::<AuthInfo>(
+            json!({ "token": token }),
+        )?);
+    }
+    Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_needs_only_the_rbac_it_generates_for_its_plugins() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    ensure_namespace(&client, "wcm-system").await?;
+    ensure_namespace(&client, "wcm-host-rbac").await?;
+    let dir = temp_dir("host-rbac")?;
+    std::fs::write(dir.join("wb.toml"), "name = \"host-rbac-wb\"\n")?;
+    let wasm = install(&dir, "well-behaved", "wb.wasm")?;
+    // What `wasm-controller-manager rbac --host-service-account wcm-system/wcm-test-host` prints:
+    // the plugin's grant and the host's own (list/watch of what it watches, impersonation).
+    let discovery = wasm_controller_manager::cluster::discovery::Discovery::new(
+        client.clone(),
+        Duration::from_secs(10),
+    );
+    let out = wasm_controller_manager::loading::rbac::generate(
+        &wasm_controller_manager::loading::rbac::RbacRequest {
+            compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
+            plugins: vec![wasm],
+            identity: Default::default(),
+            host_service_account: Some(("wcm-system".into(), "wcm-test-host".into())),
+        },
+        Some(&discovery),
+    )
+    .await?;
+    wasm_controller_manager::loading::rbac::apply(&client, &out.objects).await?;
+    let host = service_account_config(&client, "wcm-system", "wcm-test-host").await?;
+    let mark = env.audit_mark()?;
+    let manager = wasm_controller_manager::app::Manager::start(test_config(&dir), host).await?;
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "wcm-host-rbac");
+    cms.create(&PostParams::default(), &cm("c1", &[("value", "least")]))
+        .await?;
+    eventually(
+        "the plugin reconciles with the host under its generated RBAC",
+        Duration::from_secs(60),
+        || async {
+            let c = cms.get("c1").await?;
+            Ok(c.metadata
+                .annotations
+                .and_then(|a| a.get("wcm.test/reconciled").cloned())
+                .filter(|v| v == "least")
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    // The API server saw the host's ServiceAccount acting as the plugin, and nothing refused.
+    let events = env.audit_events_since(mark)?;
+    let host_user = "system:serviceaccount:wcm-system:wcm-test-host";
+    let patch = events
+        .iter()
+        .find(|e| {
+            e.verb == "patch"
+                && namespace(e) == "wcm-host-rbac"
+                && e.object_ref.as_ref().is_some_and(|o| o.name == "c1")
+        })
+        .context("no patch of c1 in the audit log")?;
+    assert_eq!(patch.user.username, host_user, "{patch:?}");
+    assert_eq!(patch.effective_user(), plugin_user("host-rbac-wb"));
+    let refused: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.user.username == host_user && e.code() == Some(403))
+        .collect();
+    assert!(refused.is_empty(), "the host was refused: {refused:?}");
+    manager.stop().await;
+    Ok(())
+}
