@@ -207,6 +207,10 @@ struct RunArgs {
     /// and counted.
     #[arg(long, default_value_t = 50.0)]
     plugin_log_lines_per_second: f64,
+    /// Cores of guest CPU one plugin may use on average; a plugin over it waits before its next
+    /// call (NAME.toml: cpu_share; 0: no limit).
+    #[arg(long, default_value_t = 0.25)]
+    plugin_cpu_share: f64,
     /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
     #[arg(long, default_value_t = 16)]
     max_workers_per_plugin: u32,
@@ -269,6 +273,7 @@ impl RunArgs {
                 log_lines_per_second: self.plugin_log_lines_per_second,
                 log_burst: (self.plugin_log_lines_per_second * 4.0).max(1.0) as u32,
                 max_instances: self.max_instances_per_plugin.max(1),
+                cpu_share: self.plugin_cpu_share.max(0.0),
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),

@@ -59,7 +59,59 @@ pub struct Budgets {
     pub logs: TokenBucket,
     /// Instances of this plugin alive at once (warm ones included).
     pub instances: Arc<Semaphore>,
+    /// Guest CPU: cores this plugin may use on average; a plugin that used more waits before its
+    /// next call, so a plugin spinning to its deadline cannot take the host's cores from the rest.
+    cpu: CpuBudget,
     dropped_logs: AtomicU64,
+}
+
+/// A token bucket of CPU seconds, refilled at `share` seconds per second, that may go into debt by
+/// one call; a call waits until the debt is paid.
+struct CpuBudget {
+    share: f64,
+    burst: f64,
+    state: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl CpuBudget {
+    fn new(share: f64) -> Self {
+        // A burst of one second of CPU: ordinary reconciles never wait.
+        let burst = 1.0;
+        CpuBudget {
+            share,
+            burst,
+            state: std::sync::Mutex::new((burst, std::time::Instant::now())),
+        }
+    }
+
+    fn refill(&self, s: &mut (f64, std::time::Instant)) {
+        let now = std::time::Instant::now();
+        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.share).min(self.burst);
+        s.1 = now;
+    }
+
+    /// How long to wait before the next call.
+    fn wait(&self) -> std::time::Duration {
+        if self.share <= 0.0 {
+            return std::time::Duration::ZERO;
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.refill(&mut s);
+        if s.0 >= 0.0 {
+            std::time::Duration::ZERO
+        } else {
+            std::time::Duration::from_secs_f64(-s.0 / self.share)
+        }
+    }
+
+    fn charge(&self, used: std::time::Duration) {
+        if self.share <= 0.0 {
+            return;
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.refill(&mut s);
+        s.0 -= used.as_secs_f64();
+    }
 }
 
 /// The operator's budget settings for one plugin.
@@ -70,6 +122,8 @@ pub struct BudgetSettings {
     pub log_lines_per_second: f64,
     pub log_burst: u32,
     pub max_instances: u32,
+    /// Cores of guest CPU one plugin may use on average (0: no limit).
+    pub cpu_share: f64,
 }
 
 impl Default for BudgetSettings {
@@ -80,6 +134,7 @@ impl Default for BudgetSettings {
             log_lines_per_second: 50.0,
             log_burst: 200,
             max_instances: 16,
+            cpu_share: 0.25,
         }
     }
 }
@@ -90,6 +145,7 @@ impl Budgets {
             api: TokenBucket::new(s.api_qps, s.api_burst),
             logs: TokenBucket::new(s.log_lines_per_second, s.log_burst),
             instances: Arc::new(Semaphore::new(s.max_instances.max(1) as usize)),
+            cpu: CpuBudget::new(s.cpu_share),
             dropped_logs: AtomicU64::new(0),
         }
     }
@@ -102,6 +158,19 @@ impl Budgets {
             self.dropped_logs.fetch_add(1, Ordering::Relaxed);
             false
         }
+    }
+
+    /// Waits while the plugin owes guest CPU (it used more than its share lately).
+    pub async fn cpu_turn(&self) {
+        let wait = self.cpu.wait();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Counts guest CPU a call used.
+    pub fn charge_cpu(&self, used: std::time::Duration) {
+        self.cpu.charge(used);
     }
 
     /// Log lines dropped since the last call (reported as one line when the budget allows).
@@ -297,4 +366,37 @@ fn check_event(e: &PluginEvent, kind: &KindRef) -> Result<(), String> {
 /// Turns an object key into the store's key.
 pub fn store_key(key: &ObjectKey) -> crate::engine::cache::Key {
     crate::engine::cache::Key::new(key.namespace.as_deref(), &key.name)
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_plugin_over_its_cpu_share_waits_in_proportion() {
+        let b = Budgets::new(&BudgetSettings {
+            cpu_share: 0.25,
+            ..BudgetSettings::default()
+        });
+        assert!(b.cpu.wait().is_zero(), "a fresh plugin has a burst");
+        b.charge_cpu(Duration::from_millis(1000));
+        assert!(
+            b.cpu.wait() < Duration::from_millis(50),
+            "the burst covers one second"
+        );
+        b.charge_cpu(Duration::from_millis(1000));
+        let w = b.cpu.wait();
+        // One second of debt at a quarter of a core: about four seconds.
+        assert!(
+            w > Duration::from_millis(3500) && w <= Duration::from_secs(4),
+            "{w:?}"
+        );
+        let unlimited = Budgets::new(&BudgetSettings {
+            cpu_share: 0.0,
+            ..BudgetSettings::default()
+        });
+        unlimited.charge_cpu(Duration::from_secs(100));
+        assert!(unlimited.cpu.wait().is_zero());
+    }
 }

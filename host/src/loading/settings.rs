@@ -36,6 +36,8 @@ pub struct PluginSettings {
     /// Instances of this plugin alive at once, warm ones included (default:
     /// --max-instances-per-plugin).
     pub max_instances: Option<u32>,
+    /// Cores of guest CPU this plugin may use on average (default: --plugin-cpu-share; 0: none).
+    pub cpu_share: Option<f64>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -73,6 +75,9 @@ impl PluginSettings {
         if s.max_instances == Some(0) {
             return Err("max_instances must be at least 1".into());
         }
+        if s.cpu_share.is_some_and(|c| !c.is_finite() || c < 0.0) {
+            return Err("cpu_share must be a number of cores, at least 0 (0: no limit)".into());
+        }
         if s.api_qps.is_some_and(|q| !q.is_finite() || q < 0.0) {
             return Err("api_qps must be a number of at least 0 (0: no per-plugin limit)".into());
         }
@@ -89,6 +94,7 @@ impl PluginSettings {
             api_qps: self.api_qps.unwrap_or(defaults.api_qps),
             api_burst: self.api_burst.unwrap_or(defaults.api_burst),
             max_instances: self.max_instances.unwrap_or(defaults.max_instances),
+            cpu_share: self.cpu_share.unwrap_or(defaults.cpu_share),
             ..*defaults
         }
     }

@@ -263,8 +263,9 @@ impl Runtime {
     ) -> Result<R, CallError> {
         let plugin_name = services.plugin_name().to_string();
         // Held for the instance's life: one plugin cannot take the whole pool.
+        services.budgets.cpu_turn().await;
         let _permit = services.instance_permit().await;
-        let mut store = self.new_store(services, limits);
+        let mut store = self.new_store(services.clone(), limits);
         let wall = limits.wall_timeout;
         let result = tokio::time::timeout(wall, async {
             let plugin = compiled
@@ -279,6 +280,7 @@ impl Runtime {
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
 
+        services.budgets.charge_cpu(store.data().guest_time);
         finish(&mut store, &plugin_name, result)
     }
 
@@ -294,11 +296,12 @@ impl Runtime {
         slot: &mut Option<Warm>,
     ) -> Result<Result<Action, ReconcileError>, CallError> {
         let plugin_name = services.plugin_name().to_string();
+        services.budgets.cpu_turn().await;
         let mut warm = match slot.take() {
             Some(w) => w,
             None => {
                 let permit = services.instance_permit().await;
-                let mut store = self.new_store(services, limits);
+                let mut store = self.new_store(services.clone(), limits);
                 let plugin = compiled
                     .pre
                     .instantiate_async(&mut store)
@@ -324,6 +327,7 @@ impl Runtime {
         })
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
+        services.budgets.charge_cpu(warm.store.data().guest_time);
         let result = finish(&mut warm.store, &plugin_name, result);
         warm.calls += 1;
         // Recycle now and then: bounded output buffers, and no heap grown without bound.
