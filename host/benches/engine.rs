@@ -10,6 +10,9 @@
 //! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench engine`
 //! (about 5 minutes; prints a report; docs/benchmarks.md keeps the numbers).
 
+mod common;
+
+use common::{artifact, cpu_seconds, diff_histogram, granted, histogram_quantile, metric, rss_mib};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
@@ -22,12 +25,10 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 use wasm_controller_manager::app::{Manager, RunConfig};
-use wasm_controller_manager::cluster::discovery::Discovery;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::informer::{InformerKey, Informers};
 use wasm_controller_manager::engine::rate_limit::RateLimits;
-use wasm_controller_manager::loading::rbac;
 use wasm_controller_manager::metrics::Metrics;
 use wasm_controller_manager::sandbox::Limits;
 
@@ -56,36 +57,6 @@ fn live_mib() -> f64 {
 }
 
 /// utime+stime of this process, seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the command name: state is field 0; utime 11, stime 12 (clock ticks, 100 Hz).
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 fn pod(name: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"app": "bench", "tier": "load"}},
@@ -129,30 +100,11 @@ async fn create_pods(
     start.elapsed()
 }
 
-fn artifact(name: &str) -> std::path::PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join("wasm32-wasip2/plugin");
-    [
-        dir.join("examples").join(format!("{name}.wasm")),
-        dir.join(format!("{name}.wasm")),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| {
-        panic!(
-            "no {name}.wasm under {}: run scripts/build-plugins first",
-            dir.display()
-        )
-    })
-}
-
 fn config(dir: &std::path::Path) -> RunConfig {
     RunConfig {
         kubeconfig: None,
         plugins_dir: dir.to_path_buf(),
-        compile_cache: Some(std::env::temp_dir().join("wcm-bench-compile-cache")),
+        compile_cache: Some(std::env::temp_dir().join(common::COMPILE_CACHE)),
         metrics_addr: None,
         kube_qps: 50.0,
         kube_burst: 100,
@@ -176,73 +128,6 @@ fn config(dir: &std::path::Path) -> RunConfig {
         sync_timeout: Duration::from_secs(30),
         rate_limits: RateLimits::default(),
     }
-}
-
-/// The host's configuration for the test cluster, after granting the plugins in `dir` the RBAC
-/// generated from their declarations.
-async fn granted(env: &testenv::TestEnv, dir: &std::path::Path) -> kube::Config {
-    let client = env.client().await.expect("client");
-    let plugins: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
-        .expect("dir")
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
-        .collect();
-    let discovery = Discovery::new(client.clone(), Duration::from_secs(10));
-    let req = rbac::RbacRequest {
-        compile_cache: Some(std::env::temp_dir().join("wcm-bench-compile-cache")),
-        plugins,
-        identity: IdentitySettings::default(),
-        host_service_account: None,
-    };
-    let out = rbac::generate(&req, Some(&discovery)).await.expect("rbac");
-    rbac::apply(&client, &out.objects)
-        .await
-        .expect("apply rbac");
-    let path = env.kubeconfig_path().expect("kubeconfig");
-    let kc = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
-    kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config")
-}
-
-fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
-    testenv::sum_metric(&m.metrics.encode(), name, labels)
-}
-
-/// A quantile from a Prometheus histogram's cumulative buckets (linear within a bucket).
-fn quantile(exposition: &str, name: &str, label: &str, q: f64) -> f64 {
-    let mut buckets: Vec<(f64, f64)> = exposition
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains(label))
-        .filter_map(|l| {
-            let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, l.rsplit(' ').next()?.parse().ok()?))
-        })
-        .collect();
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
-    let target = q * total;
-    let mut prev = (0.0, 0.0);
-    for (le, c) in buckets {
-        if c >= target {
-            if !le.is_finite() {
-                return prev.0;
-            }
-            let frac = if c > prev.1 {
-                (target - prev.1) / (c - prev.1)
-            } else {
-                1.0
-            };
-            return prev.0 + (le - prev.0) * frac;
-        }
-        prev = (le, c);
-    }
-    prev.0
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -434,19 +319,19 @@ async fn run() {
         &manager.metrics.encode(),
         "workqueue_queue_duration_seconds",
     );
-    let p50 = quantile(
+    let p50 = histogram_quantile(
         &exposition,
         "workqueue_queue_duration_seconds",
         "name=\"noop\"",
         0.50,
     );
-    let p99 = quantile(
+    let p99 = histogram_quantile(
         &exposition,
         "workqueue_queue_duration_seconds",
         "name=\"noop\"",
         0.99,
     );
-    let r50 = quantile(
+    let r50 = histogram_quantile(
         &manager.metrics.encode(),
         "controller_runtime_reconcile_time_seconds",
         "controller=\"noop\"",
@@ -601,22 +486,4 @@ async fn run() {
     println!("| events dropped (queue full / spam filter) | {dropped} |");
     println!("| reconciles | {reconciles} |");
     manager.stop().await;
-}
-
-/// The histogram `name` of `after` with the counts of `before` subtracted (new samples only).
-fn diff_histogram(before: &str, after: &str, name: &str) -> String {
-    let counts = |text: &str| -> std::collections::HashMap<String, f64> {
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{name}_bucket")))
-            .filter_map(|l| {
-                let (series, v) = l.rsplit_once(' ')?;
-                Some((series.to_string(), v.parse().ok()?))
-            })
-            .collect()
-    };
-    let b = counts(before);
-    counts(after)
-        .into_iter()
-        .map(|(series, v)| format!("{series} {}\n", v - b.get(&series).copied().unwrap_or(0.0)))
-        .collect()
 }

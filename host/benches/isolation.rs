@@ -23,6 +23,12 @@
 //! (about 2.5 minutes after the build; prints markdown tables; docs/benchmarks.md keeps the
 //! numbers).
 
+mod common;
+
+use common::{
+    COMPILE_CACHE, artifact, cpu_seconds, diff_histogram, granted, histogram_quantile, metric,
+    rss_mib,
+};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -38,12 +44,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use wasm_controller_manager::app::{Manager, RunConfig};
-use wasm_controller_manager::cluster::discovery::Discovery;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::loading::plugins::FileStatus;
-use wasm_controller_manager::loading::rbac;
 use wasm_controller_manager::sandbox::Limits;
 
 type Res<T> = Result<T, String>;
@@ -55,7 +59,6 @@ const LATENCY_OBJECTS: usize = 100;
 const LATENCY_RATE: f64 = 10.0;
 const FLOOD_SECONDS: u64 = 20;
 const HTTP_DENIALS_WANTED: f64 = 100_000.0;
-const COMPILE_CACHE: &str = "wcm-bench-compile-cache";
 
 // ---------------------------------------------------------------------------------------------
 // Log lines, counted
@@ -127,37 +130,6 @@ impl Write for Sink {
 // ---------------------------------------------------------------------------------------------
 // Process and manager helpers (as in engine.rs)
 
-/// utime+stime of this process, seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the command name: state is field 0; utime 11, stime 12 (clock ticks, 100 Hz).
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// Asks glibc to return free heap pages to the system: what RSS keeps after it is live or leaked,
 /// not free memory the allocator holds on to.
 fn trim_heap() {
@@ -166,25 +138,6 @@ fn trim_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-fn artifact(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join("wasm32-wasip2/plugin");
-    [
-        dir.join("examples").join(format!("{name}.wasm")),
-        dir.join(format!("{name}.wasm")),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| {
-        panic!(
-            "no {name}.wasm under {}: run scripts/build-plugins first",
-            dir.display()
-        )
-    })
 }
 
 /// The command line's defaults (budgets included: they are what is measured), with /metrics and
@@ -213,37 +166,6 @@ fn config(dir: &Path) -> RunConfig {
         sync_timeout: Duration::from_secs(30),
         rate_limits: RateLimits::default(),
     }
-}
-
-/// The host's configuration for the test cluster, after granting the plugins in `dir` the RBAC
-/// generated from their declarations.
-async fn granted(env: &testenv::TestEnv, dir: &Path) -> kube::Config {
-    let client = env.client().await.expect("client");
-    let plugins: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("dir")
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
-        .collect();
-    let discovery = Discovery::new(client.clone(), Duration::from_secs(10));
-    let req = rbac::RbacRequest {
-        compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
-        plugins,
-        identity: IdentitySettings::default(),
-        host_service_account: None,
-    };
-    let out = rbac::generate(&req, Some(&discovery)).await.expect("rbac");
-    rbac::apply(&client, &out.objects)
-        .await
-        .expect("apply rbac");
-    let path = env.kubeconfig_path().expect("kubeconfig");
-    let kc = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
-    kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config")
-}
-
-fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
-    testenv::sum_metric(&m.metrics.encode(), name, labels)
 }
 
 /// Every series of `name` whose labels include `plugin="…"`: (the other labels, value).
@@ -647,63 +569,6 @@ fn window_row(label: &str, w: &Res<Window>) -> String {
         ),
         Err(e) => format!("| {label} | not measured: {e} | | | | | | |"),
     }
-}
-
-/// A quantile from a Prometheus histogram's cumulative buckets (linear within a bucket).
-fn histogram_quantile(exposition: &str, name: &str, label: &str, q: f64) -> f64 {
-    let mut buckets: Vec<(f64, f64)> = exposition
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains(label))
-        .filter_map(|l| {
-            let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, l.rsplit(' ').next()?.parse().ok()?))
-        })
-        .collect();
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
-    if total <= 0.0 {
-        return f64::NAN;
-    }
-    let target = q * total;
-    let mut prev = (0.0, 0.0);
-    for (le, c) in buckets {
-        if c >= target {
-            if !le.is_finite() {
-                return prev.0;
-            }
-            let frac = if c > prev.1 {
-                (target - prev.1) / (c - prev.1)
-            } else {
-                1.0
-            };
-            return prev.0 + (le - prev.0) * frac;
-        }
-        prev = (le, c);
-    }
-    prev.0
-}
-
-/// The histogram `name` of `after` with the counts of `before` subtracted (new samples only).
-fn diff_histogram(before: &str, after: &str, name: &str) -> String {
-    let counts = |text: &str| -> HashMap<String, f64> {
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{name}_bucket")))
-            .filter_map(|l| {
-                let (series, v) = l.rsplit_once(' ')?;
-                Some((series.to_string(), v.parse().ok()?))
-            })
-            .collect()
-    };
-    let b = counts(before);
-    counts(after)
-        .into_iter()
-        .map(|(series, v)| format!("{series} {}\n", v - b.get(&series).copied().unwrap_or(0.0)))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+//! Shared by the benchmarks: this process's CPU time and memory, the compiled plugins, metric
+//! reads, and a plugins directory granted its generated RBAC on the test cluster.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wasm_controller_manager::app::Manager;
+use wasm_controller_manager::cluster::discovery::Discovery;
+use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::loading::rbac;
+
+/// utime+stime of this process, seconds.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the command name: state is field 0; utime 11, stime 12 (clock ticks, 100 Hz).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Resident memory of this process, MiB.
+pub fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// A compiled plugin from `scripts/build-plugins`.
+pub fn artifact(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = target.join("wasm32-wasip2/plugin");
+    [
+        dir.join("examples").join(format!("{name}.wasm")),
+        dir.join(format!("{name}.wasm")),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| {
+        panic!(
+            "no {name}.wasm under {}: run scripts/build-plugins first",
+            dir.display()
+        )
+    })
+}
+
+/// A metric's value summed over the series whose labels include all of `labels`.
+pub fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
+    testenv::sum_metric(&m.metrics.encode(), name, labels)
+}
+
+/// Where the benchmarks keep compiled plugins.
+pub const COMPILE_CACHE: &str = "wcm-bench-compile-cache";
+
+/// The host's configuration for the test cluster, after granting the plugins in `dir` the RBAC
+/// generated from their declarations (as an operator would apply it).
+pub async fn granted(env: &testenv::TestEnv, dir: &Path) -> kube::Config {
+    let client = env.client().await.expect("client");
+    let plugins: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+        .collect();
+    let discovery = Discovery::new(client.clone(), Duration::from_secs(10));
+    let req = rbac::RbacRequest {
+        compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
+        plugins,
+        identity: IdentitySettings::default(),
+        host_service_account: None,
+    };
+    let out = rbac::generate(&req, Some(&discovery)).await.expect("rbac");
+    rbac::apply(&client, &out.objects)
+        .await
+        .expect("apply rbac");
+    let path = env.kubeconfig_path().expect("kubeconfig");
+    let kc = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config")
+}
+
+/// A quantile from a Prometheus histogram's cumulative buckets (linear within a bucket).
+pub fn histogram_quantile(exposition: &str, name: &str, label: &str, q: f64) -> f64 {
+    let mut buckets: Vec<(f64, f64)> = exposition
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains(label))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    let target = q * total;
+    let mut prev = (0.0, 0.0);
+    for (le, c) in buckets {
+        if c >= target {
+            if !le.is_finite() {
+                return prev.0;
+            }
+            let frac = if c > prev.1 {
+                (target - prev.1) / (c - prev.1)
+            } else {
+                1.0
+            };
+            return prev.0 + (le - prev.0) * frac;
+        }
+        prev = (le, c);
+    }
+    prev.0
+}
+
+/// The histogram `name` of `after` with the counts of `before` subtracted (new samples only).
+pub fn diff_histogram(before: &str, after: &str, name: &str) -> String {
+    let counts = |text: &str| -> HashMap<String, f64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket")))
+            .filter_map(|l| {
+                let (series, v) = l.rsplit_once(' ')?;
+                Some((series.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    };
+    let b = counts(before);
+    counts(after)
+        .into_iter()
+        .map(|(series, v)| format!("{series} {}\n", v - b.get(&series).copied().unwrap_or(0.0)))
+        .collect()
+}
