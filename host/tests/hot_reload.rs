@@ -139,6 +139,20 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
     let names = create_cms(&cms, "a", 40).await?;
 
     // Replaced (atomic rename) while its queue is busy: the new version takes over, nothing fails.
+    let reconciled = || {
+        metric(
+            &manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "well-behaved"), ("result", "success")],
+        )
+    };
+    eventually(
+        "the first version reconciled the 40 objects",
+        Duration::from_secs(60),
+        || all_reconciled(&cms, &names),
+    )
+    .await?;
+    let before_swap = reconciled();
     replace_atomically(&dir, "wb.wasm", &variant(&original, 1)?)?;
     let second = wait_status(&manager, "wb", "the new version running", |s| {
         sha(s).is_some() && sha(s) != sha(&first)
@@ -156,6 +170,14 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
         &[("controller", "well-behaved"), ("result", "error")],
     );
     assert_eq!(errors, 0.0, "reconciles failed around the switch");
+    // The new version reconciles every key again (a key that failed with the old code gets its
+    // chance with the new one), not only keys that change.
+    eventually(
+        "every key reconciled again by the new version",
+        Duration::from_secs(60),
+        || async { Ok((reconciled() >= before_swap + 40.0).then_some(())) },
+    )
+    .await?;
 
     // A bad update is refused; the previous version keeps running and reconciling.
     replace_atomically(&dir, "wb.wasm", b"garbage")?;

@@ -209,7 +209,11 @@ impl Services {
             plugin: plugin.into(),
             reach: None,
             config,
-            budgets: Budgets::new(&BudgetSettings::default()),
+            // `describe` runs once per load; its CPU is not a running plugin's share.
+            budgets: Budgets::new(&BudgetSettings {
+                cpu_share: 0.0,
+                ..BudgetSettings::default()
+            }),
             allowed_hosts: Arc::from(Vec::new()),
             protected_ips: Arc::from(Vec::new()),
         }

@@ -8,6 +8,8 @@ wasmtime::component::bindgen!({
     world: "wcm:reconciler/plugin",
     imports: { default: async | trappable },
     exports: { default: async },
+    // A hot reload compares the new description with the running one.
+    additional_derives: [PartialEq],
 });
 
 pub use exports::wcm::reconciler::reconciler::{Action, Description, ReconcileError, Request};

@@ -74,6 +74,9 @@ pub struct Controller {
     /// Held so the informers keep running while the controller does.
     informers: Vec<Arc<Informer>>,
     workers: u32,
+    resync: Option<Duration>,
+    /// The fixed keys of its triggers, re-added with every primary key when a version is swapped in.
+    fixed_keys: Vec<Key>,
     metrics: Arc<Metrics>,
 }
 
@@ -237,15 +240,47 @@ impl Controller {
             tasks,
             informers,
             workers,
+            resync,
+            fixed_keys,
             metrics: parts.metrics.clone(),
         })
     }
 
     /// Switches to a new version with the same watches, keeping the queue. Waits for in-flight
     /// reconciles of the old version first.
+    /// Then every key is reconciled again by the new version: a key that failed (terminally) with
+    /// the old code or settings gets its chance with the new ones, as after a restart.
     pub async fn swap(&self, new: Version) {
         let mut guard = self.version.write().await;
         *guard = Arc::new(new);
+        drop(guard);
+        if let Some(primary) = self.informers.first() {
+            for o in primary.store().all() {
+                self.queue.forget(&o.key);
+                self.queue.add(o.key.clone());
+            }
+        }
+        for k in &self.fixed_keys {
+            self.queue.forget(k);
+            self.queue.add(k.clone());
+        }
+    }
+
+    /// Whether a new description can run in this controller as it is: the same informers, workers,
+    /// secondaries (mappings) and resync. Anything else needs a new controller.
+    pub async fn fits(
+        &self,
+        keys: &[InformerKey],
+        workers: u32,
+        description: &Description,
+        resync: Option<Duration>,
+    ) -> bool {
+        let current = self.version().await;
+        self.informer_keys() == keys
+            && self.workers == workers
+            && self.resync == resync
+            && current.description.secondaries == description.secondaries
+            && current.description.primary == description.primary
     }
 
     pub async fn version(&self) -> Arc<Version> {

@@ -702,19 +702,19 @@ impl PluginManager {
             isolation: settings.isolation.unwrap_or_default(),
             id: Version::next_id(),
         };
-        let same_shape = previous
-            .as_ref()
-            .and_then(|p| p.controller.as_ref())
-            .is_some_and(|c| c.name == name && c.informer_keys() == keys && c.workers() == workers);
+        let same_shape = match previous.as_ref().and_then(|p| p.controller.as_ref()) {
+            Some(c) => c.name == name && c.fits(&keys, workers, &version.description, resync).await,
+            None => false,
+        };
         let controller = match previous.and_then(|p| p.controller) {
             Some(c) if same_shape => {
-                tracing::info!(plugin = %name, sha256 = %sha, "new version: replacing in place (queue kept)");
+                tracing::info!(plugin = %name, sha256 = %sha, "new version: replacing in place (queue kept, every key reconciled again)");
                 c.swap(version).await;
                 c
             }
             other => {
                 if let Some(c) = other {
-                    tracing::info!(plugin = %name, "new version watches differently: restarting its controller");
+                    tracing::info!(plugin = %name, "new version watches, maps or resyncs differently: restarting its controller");
                     let old_name = c.name.clone();
                     c.stop().await;
                     if old_name != name {

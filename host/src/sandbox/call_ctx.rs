@@ -153,6 +153,12 @@ impl CallCtx {
         ran
     }
 
+    /// The guest time of the whole call, its last segment (after the last tick) included.
+    pub(crate) fn finish_guest_time(&mut self) -> Duration {
+        self.account_guest_time();
+        self.guest_time
+    }
+
     /// A yield to the async runtime that marks when the guest resumes.
     pub(crate) fn resume_marker(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
         let (resumed, started) = (self.resumed.clone(), self.started);

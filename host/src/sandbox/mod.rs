@@ -280,7 +280,10 @@ impl Runtime {
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
 
-        services.budgets.charge_cpu(store.data().guest_time);
+        // The run since the last tick counts too: most calls end before any tick.
+        services
+            .budgets
+            .charge_cpu(store.data_mut().finish_guest_time());
         finish(&mut store, &plugin_name, result)
     }
 
@@ -327,7 +330,9 @@ impl Runtime {
         })
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
-        services.budgets.charge_cpu(warm.store.data().guest_time);
+        services
+            .budgets
+            .charge_cpu(warm.store.data_mut().finish_guest_time());
         let result = finish(&mut warm.store, &plugin_name, result);
         warm.calls += 1;
         // Recycle now and then: bounded output buffers, and no heap grown without bound.
