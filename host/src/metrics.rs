@@ -301,9 +301,15 @@ impl Metrics {
             .inc();
     }
 
-    /// Marks `plugin` as waiting for `reason` (a fixed word), or not waiting when `reason` is None.
-    pub fn plugin_waiting(&self, plugin: &str, reason: Option<&str>) {
-        for r in ["forbidden", "not_served", "unreachable", "name_taken"] {
+    /// Marks `plugin` as waiting for `reason`, one of `reasons` (fixed words), or not waiting when
+    /// `reason` is None: every reason's series is set, so the one that ended goes to 0.
+    pub fn plugin_waiting<'a>(
+        &self,
+        plugin: &str,
+        reasons: impl IntoIterator<Item = &'a str>,
+        reason: Option<&str>,
+    ) {
+        for r in reasons {
             let g = self.waiting.get_or_create(&PluginReason {
                 plugin: plugin.into(),
                 reason: r.into(),

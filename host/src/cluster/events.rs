@@ -461,15 +461,18 @@ impl Writer {
         let refill = s.settings.spam_refill * s.settings.spam_burst.max(1);
         st.buckets
             .retain(|_, (_, last)| now.duration_since(*last) < refill);
-        let counts: Vec<(Arc<str>, usize)> = st
-            .plugins
+        // One pass over the bookkeeping, however many plugins there are.
+        let mut counts: HashMap<Arc<str>, usize> = HashMap::new();
+        let owners = st
+            .series
             .keys()
-            .map(|p| (p.clone(), count_entries(&st, p)))
-            .collect();
-        for (p, n) in counts {
-            if let Some(e) = st.plugins.get_mut(&p) {
-                e.entries = n;
-            }
+            .map(|k| &k.0)
+            .chain(st.buckets.keys().map(|k| &k.0));
+        for p in owners {
+            *counts.entry(p.clone()).or_default() += 1;
+        }
+        for (p, e) in st.plugins.iter_mut() {
+            e.entries = counts.get(p).copied().unwrap_or(0);
         }
         if !st.pending.is_empty() {
             drop(st);

@@ -112,6 +112,13 @@ pub enum WaitReason {
 }
 
 impl WaitReason {
+    pub const ALL: [WaitReason; 4] = [
+        WaitReason::Forbidden,
+        WaitReason::NotServed,
+        WaitReason::Unreachable,
+        WaitReason::NameTaken,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             WaitReason::Forbidden => "forbidden",
@@ -339,7 +346,7 @@ impl PluginManager {
         self.waiting.lock().await.retain(|stem, w| {
             let keep = on_disk.contains_key(stem);
             if !keep {
-                self.parts.metrics.plugin_waiting(&w.plugin, None);
+                self.set_waiting(&w.plugin, None);
             }
             keep
         });
@@ -376,7 +383,7 @@ impl PluginManager {
                 Ok(()) => {
                     self.refused.lock().await.remove(stem);
                     if let Some(w) = self.waiting.lock().await.remove(stem) {
-                        self.parts.metrics.plugin_waiting(&w.plugin, None);
+                        self.set_waiting(&w.plugin, None);
                     }
                 }
                 Err(LoadError::Waiting {
@@ -385,9 +392,7 @@ impl PluginManager {
                     message,
                 }) => {
                     self.refused.lock().await.remove(stem);
-                    self.parts
-                        .metrics
-                        .plugin_waiting(&plugin, Some(reason.as_str()));
+                    self.set_waiting(&plugin, Some(reason));
                     let mut waiting = self.waiting.lock().await;
                     let changed = waiting
                         .get(stem)
@@ -414,7 +419,7 @@ impl PluginManager {
                     };
                     tracing::error!(file = %disk.wasm.display(), "plugin refused: {msg}{keeps}");
                     if let Some(w) = self.waiting.lock().await.remove(stem) {
-                        self.parts.metrics.plugin_waiting(&w.plugin, None);
+                        self.set_waiting(&w.plugin, None);
                     }
                     self.refused
                         .lock()
@@ -469,9 +474,7 @@ impl PluginManager {
             tracing::warn!(plugin = %name, "grant revoked, stopping the plugin: {message}");
             let disk = r.disk.clone();
             self.stop_running(r).await;
-            self.parts
-                .metrics
-                .plugin_waiting(&name, Some(WaitReason::Forbidden.as_str()));
+            self.set_waiting(&name, Some(WaitReason::Forbidden));
             self.waiting.lock().await.insert(
                 stem,
                 Waiting {
@@ -482,6 +485,15 @@ impl PluginManager {
                 },
             );
         }
+    }
+
+    /// `wcm_plugin_waiting` of `plugin`: 1 for `reason`, 0 for the others.
+    fn set_waiting(&self, plugin: &str, reason: Option<WaitReason>) {
+        self.parts.metrics.plugin_waiting(
+            plugin,
+            WaitReason::ALL.map(WaitReason::as_str),
+            reason.map(WaitReason::as_str),
+        );
     }
 
     async fn stop_running(&self, r: Running) {
