@@ -12,26 +12,7 @@ use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
-use wasm_controller_manager::app::Manager;
 use wasm_controller_manager::loading::plugins::{FileStatus, WaitReason};
-
-async fn status_of(m: &Manager, stem: &str) -> Option<FileStatus> {
-    m.plugins.status().await.get(stem).cloned()
-}
-
-async fn wait_status(
-    m: &Manager,
-    stem: &str,
-    what: &str,
-    ok: impl Fn(&FileStatus) -> bool,
-) -> Result<FileStatus> {
-    eventually(
-        &format!("{stem}.wasm: {what}"),
-        Duration::from_secs(60),
-        || async { Ok(status_of(m, stem).await.filter(|s| ok(s))) },
-    )
-    .await
-}
 
 fn sha(s: &FileStatus) -> Option<&str> {
     match s {

@@ -50,6 +50,16 @@ fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
     }
 }
 
+fn waits_for_a_grant(s: &FileStatus) -> bool {
+    matches!(
+        s,
+        FileStatus::Waiting {
+            reason: WaitReason::Forbidden,
+            ..
+        }
+    )
+}
+
 fn plugin_user(plugin: &str) -> String {
     format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
 }
@@ -188,26 +198,12 @@ async fn a_watch_without_a_grant_serves_nothing_and_starts_once_granted() -> Res
     let mark = env.audit_mark()?;
     let manager = start_manager_ungranted(test_config(&dir)).await?;
 
-    let status = eventually(
-        "secret-reader waits for its grant",
+    let status = wait_status_within(
+        &manager,
+        "secret-reader",
+        "waits for its grant",
         Duration::from_secs(30),
-        || async {
-            Ok(manager
-                .plugins
-                .status()
-                .await
-                .get("secret-reader")
-                .cloned()
-                .filter(|s| {
-                    matches!(
-                        s,
-                        FileStatus::Waiting {
-                            reason: WaitReason::Forbidden,
-                            ..
-                        }
-                    )
-                }))
-        },
+        waits_for_a_grant,
     )
     .await?;
     let text = format!("{status:?}");
@@ -284,26 +280,12 @@ async fn a_watch_without_a_grant_serves_nothing_and_starts_once_granted() -> Res
     roles
         .delete("wcm-plugin:secret-reader", &DeleteParams::default())
         .await?;
-    eventually(
-        "secret-reader waits again after the revocation",
+    wait_status_within(
+        &manager,
+        "secret-reader",
+        "waits again after the revocation",
         Duration::from_secs(30),
-        || async {
-            Ok(manager
-                .plugins
-                .status()
-                .await
-                .get("secret-reader")
-                .filter(|s| {
-                    matches!(
-                        s,
-                        FileStatus::Waiting {
-                            reason: WaitReason::Forbidden,
-                            ..
-                        }
-                    )
-                })
-                .map(|_| ()))
-        },
+        waits_for_a_grant,
     )
     .await?;
     manager.stop().await;

@@ -12,6 +12,7 @@ use wasm_controller_manager::cluster::discovery::Discovery;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::rate_limit::RateLimits;
+use wasm_controller_manager::loading::plugins::FileStatus;
 use wasm_controller_manager::loading::rbac;
 use wasm_controller_manager::sandbox::Limits;
 
@@ -247,4 +248,33 @@ pub async fn reconciled_annotations(
             ))
         })
         .collect())
+}
+
+/// One file's state in the manager's plugins directory.
+pub async fn status_of(m: &Manager, stem: &str) -> Option<FileStatus> {
+    m.plugins.status().await.get(stem).cloned()
+}
+
+/// Waits (up to a minute) until `stem.wasm`'s state satisfies `ok`.
+pub async fn wait_status(
+    m: &Manager,
+    stem: &str,
+    what: &str,
+    ok: impl Fn(&FileStatus) -> bool,
+) -> Result<FileStatus> {
+    wait_status_within(m, stem, what, Duration::from_secs(60), ok).await
+}
+
+/// Waits up to `timeout` until `stem.wasm`'s state satisfies `ok`.
+pub async fn wait_status_within(
+    m: &Manager,
+    stem: &str,
+    what: &str,
+    timeout: Duration,
+    ok: impl Fn(&FileStatus) -> bool,
+) -> Result<FileStatus> {
+    eventually(&format!("{stem}.wasm: {what}"), timeout, || async {
+        Ok(status_of(m, stem).await.filter(|s| ok(s)))
+    })
+    .await
 }
