@@ -1,6 +1,7 @@
 //! Outbound HTTP from plugins (`wasi:http`): a request reaches a host that the plugin declared and
 //! the operator allowed; without the operator's allowance it is refused inside the host, counted,
-//! and never sent.
+//! and never sent. Waiting for a response is not guest time: a response slower than the plugin's
+//! whole CPU deadline still arrives.
 
 mod common;
 
@@ -26,6 +27,15 @@ async fn only_declared_and_allowed_hosts_are_reached() -> Result<()> {
             async { "{\"networks\": []}" }
         }),
     );
+    // Slower than the plugin's whole CPU deadline.
+    let slow = Duration::from_millis(1500);
+    let app = app.route(
+        "/slow",
+        axum::routing::get(move || async move {
+            tokio::time::sleep(slow).await;
+            "{}"
+        }),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
@@ -48,10 +58,17 @@ async fn only_declared_and_allowed_hosts_are_reached() -> Result<()> {
         dir.join("by-name.toml"),
         "name = \"http-by-name\"\nallowed_hosts = [\"localhost\"]\n[config]\nannotation = \"wcm.test/by-name\"\nurl-key = \"url_by_name\"\n",
     )?;
+    std::fs::write(
+        dir.join("slow.toml"),
+        "name = \"http-slow\"\nallowed_hosts = [\"127.0.0.1\"]\n[config]\nannotation = \"wcm.test/slow\"\nurl-key = \"url_slow\"\n",
+    )?;
+    install(&dir, "http-get", "slow.wasm")?;
     install(&dir, "http-get", "allowed.wasm")?;
     install(&dir, "http-get", "denied.wasm")?;
     install(&dir, "http-get", "by-name.wasm")?;
-    let manager = start_manager(test_config(&dir)).await?;
+    let config = test_config(&dir);
+    assert!(config.limits.cpu_deadline < slow);
+    let manager = start_manager(config).await?;
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let cm: ConfigMap = serde_json::from_value(json!({
@@ -59,6 +76,7 @@ async fn only_declared_and_allowed_hosts_are_reached() -> Result<()> {
         "data": {
             "url": format!("http://127.0.0.1:{port}/v2.0/networks"),
             "url_by_name": format!("http://localhost:{port}/v2.0/networks"),
+            "url_slow": format!("http://127.0.0.1:{port}/slow"),
         }
     }))?;
     cms.create(&PostParams::default(), &cm).await?;
@@ -102,6 +120,23 @@ async fn only_declared_and_allowed_hosts_are_reached() -> Result<()> {
     assert!(
         by_name.starts_with("error:") && by_name.contains("Prohibited"),
         "a name resolving to loopback was reached: {by_name}"
+    );
+    eventually(
+        "the slow response arrived",
+        Duration::from_secs(30),
+        || async {
+            Ok((annotations("wcm.test/slow").await?.as_deref() == Some("200")).then_some(()))
+        },
+    )
+    .await?;
+    let deadlines = metric(
+        &manager,
+        "wcm_plugin_call_failures_total",
+        &[("plugin", "http-slow"), ("reason", "deadline")],
+    );
+    assert_eq!(
+        deadlines, 0.0,
+        "the wait for a response was charged as guest time"
     );
     // Every request that reached the server came from the allowed plugin: one per reconcile of it.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -2,14 +2,14 @@
 //! accounting and the plugin's captured stdout/stderr.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::guest_clock::GuestClock;
 use super::http::HttpPolicy;
 
 use crate::cluster::services::Services;
@@ -17,7 +17,8 @@ use crate::cluster::services::Services;
 /// Per-call limits of a plugin.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Time the guest may run per call (time inside the host's API calls does not count; time blocked in a WASI poll does).
+    /// Time the guest may run per call. Time it waits (host API calls, outbound HTTP, WASI polls,
+    /// rate limits) does not count: see `guest_clock`.
     pub cpu_deadline: Duration,
     /// Whole call, host calls included.
     pub wall_timeout: Duration,
@@ -49,16 +50,10 @@ pub struct CallCtx {
     table: ResourceTable,
     limiter: InstanceLimiter,
     pub(crate) services: Arc<Services>,
-    pub(crate) started: Instant,
-    /// Time spent inside host calls, given back to the CPU deadline.
-    pub(crate) host_time: Duration,
-    /// Time the guest ran, summed at each epoch tick.
-    pub(crate) guest_time: Duration,
-    /// `host_time` when the current run segment began.
-    host_mark: Duration,
-    /// When the guest was last resumed after a yield (nanoseconds since `started`); written by the
-    /// yield's future, which cannot reach the store.
-    resumed: Arc<AtomicU64>,
+    /// The call's run time (time being polled), shared with the future that meters it.
+    pub(crate) clock: Arc<GuestClock>,
+    /// Run time already seen by the last epoch tick.
+    charged: Duration,
     pub(crate) cpu_deadline: Duration,
     pub(crate) host_calls: u32,
     pub(crate) max_host_calls: u32,
@@ -105,11 +100,8 @@ impl CallCtx {
                 used: 0,
             },
             services,
-            started: Instant::now(),
-            host_time: Duration::ZERO,
-            guest_time: Duration::ZERO,
-            host_mark: Duration::ZERO,
-            resumed: Arc::new(AtomicU64::new(0)),
+            clock: GuestClock::new(),
+            charged: Duration::ZERO,
             cpu_deadline: limits.cpu_deadline,
             host_calls: 0,
             max_host_calls: limits.max_host_calls,
@@ -130,42 +122,24 @@ impl CallCtx {
 
     /// Resets the per-call accounting before a call into a reused instance.
     pub(crate) fn begin_call(&mut self) {
-        self.started = Instant::now();
-        self.host_time = Duration::ZERO;
-        self.guest_time = Duration::ZERO;
-        self.host_mark = Duration::ZERO;
-        self.resumed.store(0, Ordering::Relaxed);
+        self.clock.reset();
+        self.charged = Duration::ZERO;
         self.host_calls = 0;
         self.broken = None;
         self.http_policy.begin_call();
     }
 
-    /// Adds the guest's run since it was last resumed (host calls excluded) to `guest_time`, and
-    /// starts a new segment; returns the segment's length.
-    pub(crate) fn account_guest_time(&mut self) -> Duration {
-        let now = self.started.elapsed();
-        let resumed = Duration::from_nanos(self.resumed.load(Ordering::Relaxed));
-        let in_host = self.host_time.saturating_sub(self.host_mark);
-        let ran = now.saturating_sub(resumed).saturating_sub(in_host);
-        self.guest_time += ran;
-        self.host_mark = self.host_time;
-        self.resumed.store(nanos(now), Ordering::Relaxed);
-        ran
+    /// The guest's run time so far and the part of it since the last tick.
+    pub(crate) fn tick(&mut self) -> (Duration, Duration) {
+        let total = self.clock.elapsed();
+        let segment = total.saturating_sub(self.charged);
+        self.charged = total;
+        (total, segment)
     }
 
-    /// The guest time of the whole call, its last segment (after the last tick) included.
-    pub(crate) fn finish_guest_time(&mut self) -> Duration {
-        self.account_guest_time();
-        self.guest_time
-    }
-
-    /// A yield to the async runtime that marks when the guest resumes.
-    pub(crate) fn resume_marker(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        let (resumed, started) = (self.resumed.clone(), self.started);
-        Box::pin(async move {
-            tokio::task::yield_now().await;
-            resumed.store(nanos(started.elapsed()), Ordering::Relaxed);
-        })
+    /// The guest time of the whole call.
+    pub(crate) fn guest_time(&self) -> Duration {
+        self.clock.elapsed()
     }
 
     /// Bytes the guest has printed in this store's life.
@@ -334,8 +308,4 @@ impl WasiView for CallCtx {
             table: &mut self.table,
         }
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

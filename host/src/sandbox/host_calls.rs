@@ -1,8 +1,6 @@
 //! The host functions a plugin imports. Each call is counted and size-checked first (breaking a
 //! limit traps the plugin), and its time is given back to the plugin's CPU deadline.
 
-use std::time::Instant;
-
 use super::call_ctx::CallCtx;
 use crate::cluster::api::{ApiFailure, ApiRequest, PatchKind, Verb};
 use crate::cluster::events::PluginEvent;
@@ -45,10 +43,8 @@ impl CallCtx {
             namespace: req.namespace.filter(|ns| !ns.is_empty()),
             ..req
         };
-        let started = Instant::now();
         let services = self.services.clone();
         let out = services.api_call(&req).await;
-        self.host_time += started.elapsed();
         Ok(out.map_err(ApiError::from))
     }
 }

@@ -7,6 +7,7 @@
 
 mod call_ctx;
 mod compile_cache;
+mod guest_clock;
 mod host_calls;
 pub mod http;
 
@@ -234,22 +235,21 @@ impl Runtime {
         store.limiter(|c| c.limiter());
         // Checked at every tick (below), not only when the deadline is due.
         store.set_epoch_deadline(1);
-        // The deadline counts time running in the guest only: time in host calls (which have their
-        // own timeouts) and time parked after a yield are not the guest's.
+        // The deadline counts the guest's run time only (guest_clock.rs): time it waits on the
+        // host, on outbound HTTP or after a yield is not its own.
         store.epoch_deadline_callback(move |mut ctx| {
-            let c = ctx.data_mut();
-            let ran = c.account_guest_time();
-            if c.guest_time >= c.cpu_deadline {
+            let (total, segment) = ctx.data_mut().tick();
+            if total >= ctx.data().cpu_deadline {
                 return Err(wasmtime::Error::from(Trap::Interrupt));
             }
             // Yield to the async runtime after each tick of guest work, so a guest computing up to
             // its deadline never holds a runtime thread for long: informers, API calls, /healthz
             // and the other plugins keep running. A segment shorter than half a tick (the epoch
             // moved on while the guest was parked) continues instead, so the guest always progresses.
-            if ran < EPOCH_TICK / 2 {
+            if segment < EPOCH_TICK / 2 {
                 return Ok(wasmtime::UpdateDeadline::Continue(1));
             }
-            Ok(wasmtime::UpdateDeadline::YieldCustom(1, c.resume_marker()))
+            Ok(wasmtime::UpdateDeadline::Yield(1))
         });
         store
     }
@@ -267,23 +267,25 @@ impl Runtime {
         let _permit = services.instance_permit().await;
         let mut store = self.new_store(services.clone(), limits);
         let wall = limits.wall_timeout;
-        let result = tokio::time::timeout(wall, async {
-            let plugin = compiled
-                .pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
-            f(&plugin, &mut store)
-                .await
-                .map_err(|e| classify(e, limits))
-        })
+        let clock = store.data().clock.clone();
+        let result = tokio::time::timeout(
+            wall,
+            clock.meter(async {
+                let plugin = compiled
+                    .pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+                f(&plugin, &mut store)
+                    .await
+                    .map_err(|e| classify(e, limits))
+            }),
+        )
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
 
-        // The run since the last tick counts too: most calls end before any tick.
-        services
-            .budgets
-            .charge_cpu(store.data_mut().finish_guest_time());
+        // The whole run counts, its part after the last tick too: most calls end before any tick.
+        services.budgets.charge_cpu(store.data().guest_time());
         finish(&mut store, &plugin_name, result)
     }
 
@@ -321,18 +323,20 @@ impl Runtime {
         warm.store.data_mut().begin_call();
         warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
-        let result = tokio::time::timeout(wall, async {
-            warm.plugin
-                .wcm_reconciler_reconciler()
-                .call_reconcile(&mut warm.store, req)
-                .await
-                .map_err(|e| classify(e, limits))
-        })
+        let clock = warm.store.data().clock.clone();
+        let result = tokio::time::timeout(
+            wall,
+            clock.meter(async {
+                warm.plugin
+                    .wcm_reconciler_reconciler()
+                    .call_reconcile(&mut warm.store, req)
+                    .await
+                    .map_err(|e| classify(e, limits))
+            }),
+        )
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
-        services
-            .budgets
-            .charge_cpu(warm.store.data_mut().finish_guest_time());
+        services.budgets.charge_cpu(warm.store.data().guest_time());
         let result = finish(&mut warm.store, &plugin_name, result);
         warm.calls += 1;
         // Recycle now and then: bounded output buffers, and no heap grown without bound.

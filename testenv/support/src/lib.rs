@@ -213,10 +213,19 @@ fn existing_cluster_requested() -> bool {
     )
 }
 
-/// The repository root (this crate lives in `testenv/support`).
+/// The repository root: the nearest ancestor of the running package's directory that holds
+/// `testenv/build.sh`. Found at run time (cargo sets `CARGO_MANIFEST_DIR` for tests and benches),
+/// because a path compiled in goes stale when two clones share one target directory.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
+    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .and_then(|dir| {
+            dir.ancestors()
+                .find(|d| d.join("testenv/build.sh").is_file())
+                .map(Path::to_path_buf)
+        })
+        .unwrap_or(compiled_in)
         .canonicalize()
         .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
