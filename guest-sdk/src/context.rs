@@ -7,6 +7,7 @@ use std::str::FromStr;
 use crate::api::Api;
 use crate::cache::Cache;
 use crate::host::Host;
+use crate::http::Http;
 use crate::reconcile::Error;
 use crate::resource::Resource;
 use crate::types::{EventType, Level, ObjectRef};
@@ -79,6 +80,12 @@ impl Context {
         Recorder {
             host: self.host.clone(),
         }
+    }
+
+    /// The HTTP client, for the hosts the plugin declares with
+    /// [`Description::outbound_host`](crate::Description::outbound_host) and the operator allows.
+    pub fn http(&self) -> Http {
+        Http::new(self.host.clone())
     }
 
     /// The plugin's logger (lines go to the host's log, tagged with the plugin's name). The

@@ -1,6 +1,7 @@
 //! The host calls a plugin can make, as an object-safe trait: the wasm build implements it with the
 //! component imports, tests with [`MockHost`](crate::testing::MockHost).
 
+use crate::http::{HttpError, HttpErrorKind, HttpRequest, HttpResponse};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
 /// Everything a plugin can ask of its host, one method per import of the contract.
@@ -78,4 +79,16 @@ pub trait Host {
     fn config(&self, key: &str) -> Option<String>;
     /// A secret value referenced in the plugin's `NAME.toml`, resolved by the host.
     fn secret(&self, key: &str) -> Option<String>;
+
+    /// Sends an HTTP request over `wasi:http` and reads the whole response. A host without
+    /// outbound HTTP refuses every request.
+    fn http(&self, req: &HttpRequest) -> Result<HttpResponse, HttpError> {
+        Err(HttpError::new(
+            HttpErrorKind::Denied,
+            format!(
+                "this host has no outbound HTTP ({} {})",
+                req.method, req.url
+            ),
+        ))
+    }
 }

@@ -88,12 +88,15 @@ mod context;
 mod describe;
 mod finalizer;
 mod host;
+pub mod http;
 mod reconcile;
 mod resource;
 pub mod testing;
 mod types;
 #[cfg(target_arch = "wasm32")]
 mod wasm;
+#[cfg(target_arch = "wasm32")]
+mod wasm_http;
 
 pub use api::{Api, Patch};
 pub use cache::Cache;

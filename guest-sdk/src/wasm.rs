@@ -161,6 +161,13 @@ impl Host for WasmHost {
     fn secret(&self, k: &str) -> Option<String> {
         config::secret(k)
     }
+
+    fn http(
+        &self,
+        req: &crate::http::HttpRequest,
+    ) -> Result<crate::http::HttpResponse, crate::http::HttpError> {
+        crate::wasm_http::send(req)
+    }
 }
 
 fn watch(w: Watch) -> wit::Watch {

@@ -21,6 +21,11 @@
 //! (no field ownership, no conflicts); `patch_status` applies the patch and keeps only the
 //! `status` of the result; `delete` of an object with finalizers sets `deletionTimestamp`, and the
 //! object goes when a write leaves it with no finalizers.
+//!
+//! Outbound HTTP goes to the handler given to [`MockHost::on_http`] (none: every request fails
+//! with a connection error), after the same check as the host's: a plugin described with
+//! [`MockHost::for_reconciler`] reaches only the hosts it declares (else `Denied`). Every request
+//! is kept for [`MockHost::http_requests`].
 
 mod patch;
 mod selector;
@@ -35,6 +40,7 @@ use serde_json::{Map, Value, json};
 use crate::context::Context;
 use crate::describe::{Description, Watch};
 use crate::host::Host;
+use crate::http::{HttpError, HttpErrorKind, HttpRequest, HttpResponse, split_url};
 use crate::reconcile::{Action, Error, Reconciler, Request};
 use crate::resource::{ApiResource, Resource, decode, plural_of};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
@@ -151,6 +157,7 @@ impl LogLine {
 }
 
 type GroupKind = (String, String);
+type HttpHandler = Rc<RefCell<dyn FnMut(&HttpRequest) -> Result<HttpResponse, HttpError>>>;
 type Store = BTreeMap<GroupKind, BTreeMap<ObjectKey, Value>>;
 
 #[derive(Default)]
@@ -165,6 +172,8 @@ struct State {
     events: Vec<RecordedEvent>,
     logs: Vec<LogLine>,
     failures: Vec<(Verb, ApiError)>,
+    http_handler: Option<HttpHandler>,
+    http_requests: Vec<HttpRequest>,
     revision: u64,
     uids: u64,
 }
@@ -355,6 +364,21 @@ impl MockHost {
     pub fn fail_next(&self, verb: Verb, error: ApiError) -> &Self {
         self.state.borrow_mut().failures.push((verb, error));
         self
+    }
+
+    /// Answers the plugin's outbound HTTP with `handler` from now on (a fake of the remote API:
+    /// canned answers, or a small in-memory model of it).
+    pub fn on_http(
+        &self,
+        handler: impl FnMut(&HttpRequest) -> Result<HttpResponse, HttpError> + 'static,
+    ) -> &Self {
+        self.state.borrow_mut().http_handler = Some(Rc::new(RefCell::new(handler)));
+        self
+    }
+
+    /// Every outbound HTTP request the plugin made, in order (refused ones included).
+    pub fn http_requests(&self) -> Vec<HttpRequest> {
+        self.state.borrow().http_requests.clone()
     }
 
     /// A [`Context`] over this host.
@@ -1017,4 +1041,53 @@ impl Host for MockHost {
     fn secret(&self, key: &str) -> Option<String> {
         self.state.borrow().secrets.get(key).cloned()
     }
+
+    fn http(&self, req: &HttpRequest) -> Result<HttpResponse, HttpError> {
+        let handler = {
+            let mut st = self.state.borrow_mut();
+            st.http_requests.push(req.clone());
+            if let Some(d) = &st.declared
+                && !declares_host(&d.outbound_hosts, &req.url)
+            {
+                return Err(HttpError::new(
+                    HttpErrorKind::Denied,
+                    format!("{}: HttpRequestDenied (host not declared)", req.url),
+                ));
+            }
+            st.http_handler.clone()
+        };
+        // Called with the state released: the handler may inspect the mock.
+        match handler {
+            Some(h) => (h.borrow_mut())(req),
+            None => Err(HttpError::new(
+                HttpErrorKind::Connection,
+                format!(
+                    "{}: no HTTP handler in the mock (MockHost::on_http)",
+                    req.url
+                ),
+            )),
+        }
+    }
+}
+
+/// Whether `url`'s authority matches a declared outbound host: `host` (any port) or `host:port`.
+fn declares_host(declared: &[String], url: &str) -> bool {
+    let Some((scheme, authority, _)) = split_url(url) else {
+        return false;
+    };
+    let authority = authority.to_ascii_lowercase();
+    let default_port = if scheme.eq_ignore_ascii_case("https") {
+        "443"
+    } else {
+        "80"
+    };
+    // `[v6]` and `name` have no port; `[v6]:p` and `name:p` do.
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !authority.ends_with(']') => (h.to_string(), p.to_string()),
+        _ => (authority.clone(), default_port.to_string()),
+    };
+    declared.iter().any(|d| {
+        let d = d.to_ascii_lowercase();
+        d == host || d == format!("{host}:{port}")
+    })
 }

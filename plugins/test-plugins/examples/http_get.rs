@@ -35,8 +35,8 @@ impl Reconciler for HttpGet {
             .and_then(|d| d.get(&url_key))
             .cloned()
             .unwrap_or_default();
-        let outcome = match get(&url) {
-            Ok(status) => status.to_string(),
+        let outcome = match ctx.http().get(url).send() {
+            Ok(response) => response.status.to_string(),
             Err(e) => format!("error: {e}"),
         };
         let current = cm
@@ -53,41 +53,6 @@ impl Reconciler for HttpGet {
         }
         Ok(Action::done())
     }
-}
-
-/// GET `url` (http://host:port/path); the response status.
-#[cfg(target_arch = "wasm32")]
-fn get(url: &str) -> Result<u16, String> {
-    use wasip2::http::outgoing_handler::handle;
-    use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
-
-    let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
-    let (authority, path) = rest
-        .split_once('/')
-        .map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
-    let request = OutgoingRequest::new(Fields::new());
-    request
-        .set_scheme(Some(&Scheme::Http))
-        .map_err(|_| "scheme")?;
-    request
-        .set_authority(Some(authority))
-        .map_err(|_| "authority")?;
-    request
-        .set_path_with_query(Some(&path))
-        .map_err(|_| "path")?;
-    let pending = handle(request, None).map_err(|e| format!("{e:?}"))?;
-    pending.subscribe().block();
-    let response = pending
-        .get()
-        .ok_or("no response")?
-        .map_err(|_| "response taken")?
-        .map_err(|e| format!("{e:?}"))?;
-    Ok(response.status())
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-fn get(_url: &str) -> Result<u16, String> {
-    Err("outbound HTTP exists only in the wasm build".into())
 }
 
 wcm_sdk::export_plugin!(HttpGet);
