@@ -49,6 +49,20 @@ pub struct Description {
 }
 
 impl Description {
+    /// The `change-filters` extension for the watches' [`Changes`], if any watch filters.
+    pub fn change_filters_extension(&self) -> Option<(String, String)> {
+        let primary = self.primary.as_ref().map_or(Changes::All, |w| w.changes);
+        let secondaries: Vec<Changes> = self.secondaries.iter().map(|s| s.watch.changes).collect();
+        if primary == Changes::All && secondaries.iter().all(|c| *c == Changes::All) {
+            return None;
+        }
+        let value = serde_json::json!({
+            "primary": primary.as_str(),
+            "secondaries": secondaries.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+        });
+        Some(("change-filters".to_string(), value.to_string()))
+    }
+
     /// A plugin called `name` (a DNS label), at `version` (`env!("CARGO_PKG_VERSION")` is handy).
     pub fn new(name: &str, version: &str) -> Self {
         Description {
@@ -191,6 +205,32 @@ pub struct Watch {
     pub label_selector: Option<String>,
     /// The plugin reads only metadata: far cheaper for the host (and the API server).
     pub metadata_only: bool,
+    /// Which updates wake the plugin.
+    pub changes: Changes,
+}
+
+/// Which updates of a watched object wake the plugin (creations, deletions and resyncs always do).
+/// Skipped updates are counted by the host (`wcm_changes_filtered_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Changes {
+    /// Every update.
+    #[default]
+    All,
+    /// Not updates of `status` alone: the plugin's own status writes do not wake it again.
+    IgnoreStatus,
+    /// Only updates of `metadata.generation` (spec changes), of deletion, and of finalizers.
+    Generation,
+}
+
+impl Changes {
+    /// The name the host reads in the `change-filters` extension.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Changes::All => "all",
+            Changes::IgnoreStatus => "ignore-status",
+            Changes::Generation => "generation",
+        }
+    }
 }
 
 impl Watch {
@@ -211,6 +251,7 @@ impl Watch {
             namespace: None,
             label_selector: None,
             metadata_only: false,
+            changes: Changes::All,
         }
     }
 
@@ -230,6 +271,18 @@ impl Watch {
     /// does not read `spec` or `status`.
     pub fn metadata_only(mut self) -> Self {
         self.metadata_only = true;
+        self
+    }
+
+    /// Updates of `status` alone do not wake the plugin (its own status writes among them).
+    pub fn ignore_status_changes(mut self) -> Self {
+        self.changes = Changes::IgnoreStatus;
+        self
+    }
+
+    /// Only spec changes (`metadata.generation`), deletion and finalizer changes wake the plugin.
+    pub fn generation_changes_only(mut self) -> Self {
+        self.changes = Changes::Generation;
         self
     }
 

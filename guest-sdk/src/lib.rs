@@ -101,7 +101,7 @@ mod wasm_http;
 pub use api::{Api, Patch};
 pub use cache::Cache;
 pub use context::{Context, Logger, Recorder};
-pub use describe::{Description, Mapping, Permission, Secondary, Watch};
+pub use describe::{Changes, Description, Mapping, Permission, Secondary, Watch};
 pub use finalizer::{FinalizerEvent, finalizer};
 pub use host::Host;
 pub use reconcile::{Action, Error, Reconciler, Request};

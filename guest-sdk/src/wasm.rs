@@ -180,6 +180,11 @@ fn watch(w: Watch) -> wit::Watch {
 }
 
 fn description(d: Description) -> wit::Description {
+    let mut extensions = d.extensions.clone();
+    if let Some(filters) = d.change_filters_extension() {
+        extensions.retain(|(k, _)| *k != filters.0);
+        extensions.push(filters);
+    }
     wit::Description {
         name: d.name,
         version: d.version,
@@ -214,7 +219,7 @@ fn description(d: Description) -> wit::Description {
             .collect(),
         outbound_hosts: d.outbound_hosts,
         config_keys: d.config_keys,
-        extensions: d.extensions,
+        extensions,
     }
 }
 

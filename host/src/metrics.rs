@@ -83,6 +83,7 @@ pub struct Metrics {
     max_concurrent: Family<Ctrl, Gauge>,
     active_workers: Family<Ctrl, Gauge>,
     terminal_errors: Family<Ctrl, Counter>,
+    changes_filtered: Family<Ctrl, Counter>,
     plugin_failures: Family<PluginReason, Counter>,
     forbidden: Family<Forbidden, Counter>,
     invalid: Family<PluginCall, Counter>,
@@ -108,6 +109,7 @@ impl Metrics {
             max_concurrent: Family::default(),
             active_workers: Family::default(),
             terminal_errors: Family::default(),
+            changes_filtered: Family::default(),
             plugin_failures: Family::default(),
             forbidden: Family::default(),
             invalid: Family::default(),
@@ -167,6 +169,11 @@ impl Metrics {
             "controller_runtime_active_workers",
             "Number of currently used workers per controller",
             m.active_workers.clone(),
+        );
+        r.register(
+            "wcm_changes_filtered",
+            "Updates skipped by the plugin's change filters: reconciles saved",
+            m.changes_filtered.clone(),
         );
         r.register(
             "controller_runtime_terminal_reconcile_errors",
@@ -240,6 +247,10 @@ impl Metrics {
         self.max_concurrent
             .get_or_create(&ctrl(plugin))
             .set(i64::from(max));
+    }
+
+    pub fn change_filtered(&self, plugin: &str) {
+        self.changes_filtered.get_or_create(&ctrl(plugin)).inc();
     }
 
     pub fn active_workers(&self, plugin: &str, delta: i64) {

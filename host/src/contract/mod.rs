@@ -5,6 +5,7 @@
 //! It sits below every stage and depends on none of them.
 
 mod bindings;
+pub mod change_filter;
 pub mod validate;
 
 pub use bindings::wcm::reconciler::client::PatchType;

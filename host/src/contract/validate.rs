@@ -277,6 +277,7 @@ pub fn description(d: &super::Description) -> Result<(), String> {
             return Err(format!("plugin {name}: extension {} is not JSON", shown(k)));
         }
     }
+    super::change_filter::filters(d).map_err(|e| format!("plugin {name}: {e}"))?;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use crate::cluster::api::{ApiAccess, ApiFailure};
 use crate::cluster::events::PluginEvent;
 use crate::cluster::services::{PluginCache, Services};
+use crate::contract::change_filter;
 use crate::contract::validate;
 use crate::contract::{Action, Description, KindKey, KindRef, Mapping, ObjectKey, Request, Watch};
 use crate::engine::cache::{CachedObject, Key, ObjectStore};
@@ -170,12 +171,25 @@ impl Controller {
             })
             .collect();
 
+        // Validated at load; a description that got here has well-formed filters.
+        let filters = change_filter::filters(d).unwrap_or_default();
         let mut tasks = Vec::new();
-        for (informer, trigger) in informers.iter().zip(triggers) {
+        for (i, (informer, trigger)) in informers.iter().zip(triggers).enumerate() {
             let mut rx = informer.subscribe();
             let q = queue.clone();
+            let filter = filters.get(i).copied().unwrap_or_default();
+            let (metrics, plugin) = (parts.metrics.clone(), name.clone());
             tasks.push(tokio::spawn(async move {
                 while let Some(change) = rx.recv().await {
+                    if let Change::Applied {
+                        old: Some(old),
+                        new,
+                    } = &change
+                        && !filter.passes(&old.json, &new.json)
+                    {
+                        metrics.change_filtered(&plugin);
+                        continue;
+                    }
                     for key in keys_for(&trigger, &change) {
                         q.add(key);
                     }
@@ -281,6 +295,7 @@ impl Controller {
             && self.resync == resync
             && current.description.secondaries == description.secondaries
             && current.description.primary == description.primary
+            && change_filter::filters(&current.description) == change_filter::filters(description)
     }
 
     pub async fn version(&self) -> Arc<Version> {

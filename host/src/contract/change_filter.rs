@@ -1,0 +1,212 @@
+//! Change filters: which updates of a watched object wake the plugin.
+//!
+//! Declared in the description's `extensions` under [`EXTENSION`] (so plugins built against
+//! `wcm:reconciler@0.1.0` can declare them, and a host that predates them ignores them):
+//!
+//! ```json
+//! {"primary": "ignore-status", "secondaries": [null, "generation"]}
+//! ```
+//!
+//! - `ignore-status`: an update that changes nothing but `status` (and the bookkeeping fields
+//!   `resourceVersion`, `generation`, `managedFields`) is skipped: the plugin's own status writes
+//!   do not wake it again (Metacontroller's `ignoreStatusChanges`).
+//! - `generation`: an update is skipped unless `metadata.generation` changed, or the object's
+//!   deletion began or its finalizers changed (controller-runtime's `GenerationChangedPredicate`,
+//!   safe for finalizers). For kinds without `generation`, it acts as `ignore-status`.
+//!
+//! Creations, deletions, relists and resyncs always pass.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::Description;
+
+/// The extension key.
+pub const EXTENSION: &str = "change-filters";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChangeFilter {
+    /// Every change wakes the plugin.
+    #[default]
+    All,
+    IgnoreStatus,
+    Generation,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Declared {
+    #[serde(default)]
+    primary: Option<ChangeFilter>,
+    #[serde(default)]
+    secondaries: Vec<Option<ChangeFilter>>,
+}
+
+/// The filter of each watch, the primary first and then each secondary in order.
+pub fn filters(d: &Description) -> Result<Vec<ChangeFilter>, String> {
+    let declared = match d.extensions.iter().find(|(k, _)| k == EXTENSION) {
+        None => Declared::default(),
+        Some((_, v)) => serde_json::from_str::<Declared>(v).map_err(|e| {
+            format!(
+                "extension {EXTENSION}: {e} (expected {{\"primary\": \"ignore-status\"|\"generation\"|\"all\", \"secondaries\": [...]}})"
+            )
+        })?,
+    };
+    if declared.secondaries.len() > d.secondaries.len() {
+        return Err(format!(
+            "extension {EXTENSION} names {} secondary filters for {} secondaries",
+            declared.secondaries.len(),
+            d.secondaries.len()
+        ));
+    }
+    let mut out = vec![declared.primary.unwrap_or_default()];
+    for i in 0..d.secondaries.len() {
+        out.push(
+            declared
+                .secondaries
+                .get(i)
+                .copied()
+                .flatten()
+                .unwrap_or_default(),
+        );
+    }
+    Ok(out)
+}
+
+impl ChangeFilter {
+    /// Whether an update from `old` to `new` (object JSON) wakes the plugin.
+    pub fn passes(self, old: &str, new: &str) -> bool {
+        match self {
+            ChangeFilter::All => true,
+            ChangeFilter::IgnoreStatus => differs_beyond_status(old, new),
+            ChangeFilter::Generation => {
+                let (Ok(o), Ok(n)) = (
+                    serde_json::from_str::<Value>(old),
+                    serde_json::from_str::<Value>(new),
+                ) else {
+                    return true;
+                };
+                let meta = |v: &Value, f: &str| v.pointer(&format!("/metadata/{f}")).cloned();
+                if meta(&n, "generation").is_none() {
+                    return differs_beyond_status(old, new);
+                }
+                ["generation", "deletionTimestamp", "finalizers"]
+                    .iter()
+                    .any(|f| meta(&o, f) != meta(&n, f))
+            }
+        }
+    }
+}
+
+fn differs_beyond_status(old: &str, new: &str) -> bool {
+    let strip = |s: &str| -> Option<Value> {
+        let mut v: Value = serde_json::from_str(s).ok()?;
+        let obj = v.as_object_mut()?;
+        obj.remove("status");
+        if let Some(Value::Object(m)) = obj.get_mut("metadata") {
+            for f in ["resourceVersion", "generation", "managedFields"] {
+                m.remove(f);
+            }
+        }
+        Some(v)
+    };
+    match (strip(old), strip(new)) {
+        (Some(o), Some(n)) => o != n,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{KindRef, Mapping, Secondary, Watch};
+
+    fn obj(gen_: i64, rv: &str, spec: &str, status: &str, extra: &str) -> String {
+        format!(
+            r#"{{"metadata":{{"name":"n","resourceVersion":"{rv}","generation":{gen_}{extra}}},"spec":{{"cidr":"{spec}"}},"status":{{"phase":"{status}"}}}}"#
+        )
+    }
+
+    #[test]
+    fn status_only_updates_are_filtered() {
+        let a = obj(1, "1", "10.0.0.0/24", "Pending", "");
+        let status = obj(1, "2", "10.0.0.0/24", "Ready", "");
+        let spec = obj(2, "3", "10.1.0.0/24", "Ready", "");
+        let label = obj(1, "4", "10.0.0.0/24", "Pending", r#","labels":{"a":"b"}"#);
+        let deleting = obj(
+            1,
+            "5",
+            "10.0.0.0/24",
+            "Pending",
+            r#","deletionTimestamp":"t""#,
+        );
+        for f in [ChangeFilter::IgnoreStatus, ChangeFilter::Generation] {
+            assert!(!f.passes(&a, &status), "{f:?}: status only");
+            assert!(f.passes(&a, &spec), "{f:?}: spec");
+            assert!(f.passes(&a, &deleting), "{f:?}: deletion began");
+        }
+        assert!(ChangeFilter::IgnoreStatus.passes(&a, &label));
+        assert!(!ChangeFilter::Generation.passes(&a, &label));
+        assert!(ChangeFilter::All.passes(&a, &status));
+        assert!(ChangeFilter::IgnoreStatus.passes("not json", &a));
+    }
+
+    fn description(ext: Option<&str>, secondaries: usize) -> Description {
+        let w = Watch {
+            kind: KindRef {
+                group: "".into(),
+                version: "v1".into(),
+                kind: "Pod".into(),
+            },
+            namespace: None,
+            label_selector: None,
+            metadata_only: false,
+        };
+        Description {
+            name: "p".into(),
+            version: "1".into(),
+            primary: w.clone(),
+            secondaries: (0..secondaries)
+                .map(|_| Secondary {
+                    watch: w.clone(),
+                    mapping: Mapping::SameKey,
+                })
+                .collect(),
+            resync_seconds: None,
+            workers: None,
+            permissions: vec![],
+            outbound_hosts: vec![],
+            config_keys: vec![],
+            extensions: ext
+                .map(|e| vec![(EXTENSION.to_string(), e.to_string())])
+                .unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn declarations_are_parsed_and_checked() {
+        assert_eq!(
+            filters(&description(None, 1)),
+            Ok(vec![ChangeFilter::All, ChangeFilter::All])
+        );
+        assert_eq!(
+            filters(&description(
+                Some(r#"{"primary":"ignore-status","secondaries":[null,"generation"]}"#),
+                2
+            )),
+            Ok(vec![
+                ChangeFilter::IgnoreStatus,
+                ChangeFilter::All,
+                ChangeFilter::Generation
+            ])
+        );
+        let bad = filters(&description(Some(r#"{"primary":"spec-only"}"#), 0)).unwrap_err();
+        assert!(
+            bad.contains("spec-only") || bad.contains("unknown variant"),
+            "{bad}"
+        );
+        assert!(filters(&description(Some(r#"{"secondaries":["generation"]}"#), 0)).is_err());
+        assert!(filters(&description(Some(r#"{"primry":"generation"}"#), 0)).is_err());
+    }
+}
