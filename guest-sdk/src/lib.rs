@@ -122,6 +122,21 @@ pub mod prelude {
     };
 }
 
+/// A configuration value from the plugin's `NAME.toml`, readable while describing: a plugin can
+/// declare what depends on the operator's settings, such as the outbound host of an endpoint the
+/// operator names (`outbound_host` of the configured URL). Natively it reads what
+/// [`testing::MockHost::set_config`] last set on this thread.
+pub fn describe_config(key: &str) -> Option<String> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        bindings::wcm::reconciler::config::get(key)
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        testing::describe_config(key)
+    }
+}
+
 /// The bindings generated from `wit/reconciler.wit` (world `plugin`); used by [`export_plugin!`].
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]

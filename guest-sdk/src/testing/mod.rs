@@ -46,6 +46,16 @@ use crate::resource::{ApiResource, Resource, decode, plural_of};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 use selector::Selector;
 
+thread_local! {
+    /// What [`MockHost::set_config`] set last on this thread, for [`crate::describe_config`].
+    static DESCRIBE_CONFIG: RefCell<BTreeMap<String, String>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn describe_config(key: &str) -> Option<String> {
+    DESCRIBE_CONFIG.with(|c| c.borrow().get(key).cloned())
+}
+
 /// The timestamp the mock writes into `creationTimestamp` and `deletionTimestamp`.
 pub const MOCK_TIME: &str = "2026-01-01T00:00:00Z";
 
@@ -343,6 +353,7 @@ impl MockHost {
 
     /// Sets a configuration value (`[config]` of `NAME.toml`).
     pub fn set_config(&self, key: &str, value: &str) -> &Self {
+        DESCRIBE_CONFIG.with(|c| c.borrow_mut().insert(key.to_string(), value.to_string()));
         self.state
             .borrow_mut()
             .config
@@ -438,12 +449,13 @@ impl MockHost {
         self.state.borrow().logs.clone()
     }
 
-    /// Forgets the recorded calls, events and logs (between the steps of a test).
+    /// Forgets the recorded calls, events, logs and HTTP requests (between the steps of a test).
     pub fn clear_records(&self) -> &Self {
         let mut st = self.state.borrow_mut();
         st.calls.clear();
         st.events.clear();
         st.logs.clear();
+        st.http_requests.clear();
         self
     }
 

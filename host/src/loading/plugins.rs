@@ -96,6 +96,9 @@ struct Running {
     /// What its identity must keep being allowed (checked again at every rescan).
     accesses: Vec<Access>,
     identity: Option<PluginIdentity>,
+    /// Digest of the Secret values it was given; a rotation makes the next rescan load it again.
+    secrets_digest: String,
+    secrets_rotated: bool,
 }
 
 /// Why a plugin waits; each has a fixed name (for metrics) and a message (for `/plugins`).
@@ -351,6 +354,7 @@ impl PluginManager {
             keep
         });
         self.recheck_grants().await;
+        self.recheck_secrets().await;
         {
             let on_disk_shas: std::collections::HashSet<&String> =
                 on_disk.values().map(|d| &d.wasm_sha).collect();
@@ -369,7 +373,7 @@ impl PluginManager {
                 .lock()
                 .await
                 .get(stem)
-                .is_some_and(|r| r.disk == *disk);
+                .is_some_and(|r| r.disk == *disk && !r.secrets_rotated);
             let already_refused = self
                 .refused
                 .lock()
@@ -484,6 +488,39 @@ impl PluginManager {
                     message,
                 },
             );
+        }
+    }
+
+    /// Reads the Secrets of every running plugin again; one whose values changed (a rotated
+    /// credential) is loaded again by this rescan, so it runs with them without a restart. A
+    /// Secret that cannot be read now leaves the plugin running with what it has.
+    async fn recheck_secrets(&self) {
+        let checks: Vec<(String, PluginSettings, PluginIdentity, String)> = self
+            .running
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, r)| r.controller.is_some())
+            .filter_map(|(stem, r)| {
+                let settings = PluginSettings::parse(r.disk.settings_text.as_deref()?).ok()?;
+                (!settings.secrets.is_empty()).then_some((
+                    stem.clone(),
+                    settings,
+                    r.identity.clone()?,
+                    r.secrets_digest.clone(),
+                ))
+            })
+            .collect();
+        for (stem, settings, identity, digest) in checks {
+            let Ok(now) = self.resolve_secrets(&settings, &identity).await else {
+                continue;
+            };
+            if digest_of(&now) != digest
+                && let Some(r) = self.running.lock().await.get_mut(&stem)
+            {
+                tracing::info!(plugin = %r.name, "a Secret it reads changed: loading it again");
+                r.secrets_rotated = true;
+            }
         }
     }
 
@@ -603,6 +640,7 @@ impl PluginManager {
             .resolve_secrets(&settings, &identity)
             .await
             .map_err(|(f, m)| waiting(WaitReason::of(&f), m))?;
+        let secrets_digest = digest_of(&secrets);
         let watches = resolve_watches(&self.parts.api, &description)
             .await
             .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
@@ -680,6 +718,8 @@ impl PluginManager {
                     controller: None,
                     accesses: Vec::new(),
                     identity: None,
+                    secrets_digest: String::new(),
+                    secrets_rotated: false,
                 },
             );
             return Ok(());
@@ -760,6 +800,8 @@ impl PluginManager {
                 controller: Some(controller),
                 accesses,
                 identity: Some(identity),
+                secrets_digest,
+                secrets_rotated: false,
             },
         );
         Ok(())
@@ -891,4 +933,13 @@ fn wasm_stem(path: &Path) -> Option<String> {
         return None;
     }
     name.strip_suffix(".wasm").map(str::to_string)
+}
+
+/// A digest of resolved Secret values (kept instead of a second copy of them).
+fn digest_of(secrets: &BTreeMap<String, String>) -> String {
+    let mut text = String::new();
+    for (k, v) in secrets {
+        text.push_str(&format!("{}:{k}{}:{v}", k.len(), v.len()));
+    }
+    crate::sandbox::sha256_hex(text.as_bytes())
 }

@@ -1,0 +1,224 @@
+//! Native unit tests with the SDK's MockHost; HTTP answered by a small model of the Neutron and
+//! Keystone calls this plugin makes. The plugin is also tested against the real Neutron and
+//! Keystone in `host/tests/network.rs`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use serde_json::{Value, json};
+use wcm_sdk::http::{HttpRequest, HttpResponse, Method};
+use wcm_sdk::testing::MockHost;
+use wcm_sdk::{Action, ObjectKey, Reconciler};
+
+use super::*;
+
+#[derive(Default)]
+struct Cloud {
+    networks: Vec<Value>,
+    subnets: Vec<Value>,
+    tokens: usize,
+    next: usize,
+}
+
+fn host() -> (MockHost, Rc<RefCell<Cloud>>) {
+    let host = MockHost::new();
+    host.set_config("keystone-url", "http://keystone.test:5000/v3")
+        .set_config("neutron-url", "http://neutron.test:9696")
+        .set_secret("application-credential-id", "id")
+        .set_secret("application-credential-secret", "s");
+    host.declare(NetworkPlugin::describe());
+    let cloud = Rc::new(RefCell::new(Cloud::default()));
+    let c = cloud.clone();
+    host.on_http(move |req: &HttpRequest| Ok(answer(&mut c.borrow_mut(), req)));
+    (host, cloud)
+}
+
+fn answer(c: &mut Cloud, req: &HttpRequest) -> HttpResponse {
+    let path = req.path_and_query().to_string();
+    if path == "/v3/auth/tokens" {
+        c.tokens += 1;
+        return HttpResponse::json(
+            201,
+            &json!({"token": {"expires_at": "2999-01-01T00:00:00Z"}}),
+        )
+        .with_header("X-Subject-Token", "tok");
+    }
+    assert_eq!(req.header("x-auth-token"), Some("tok"));
+    let body: Value = req.body_json().unwrap_or(Value::Null);
+    c.next += 1;
+    let id = format!("id-{}", c.next);
+    match (req.method, path.as_str()) {
+        (Method::Get, p) if p.starts_with("/v2.0/networks?tags=") => {
+            let tag = &p["/v2.0/networks?tags=".len()..];
+            let found: Vec<_> = c
+                .networks
+                .iter()
+                .filter(|n| n["tags"][0] == tag)
+                .cloned()
+                .collect();
+            HttpResponse::json(200, &json!({"networks": found}))
+        }
+        (Method::Post, "/v2.0/networks") => {
+            let mut n = body["network"].clone();
+            n["id"] = json!(id);
+            c.networks.push(n.clone());
+            HttpResponse::json(201, &json!({"network": n}))
+        }
+        (Method::Get, p) if p.starts_with("/v2.0/subnets?network_id=") => {
+            let net = &p["/v2.0/subnets?network_id=".len()..];
+            let found: Vec<_> = c
+                .subnets
+                .iter()
+                .filter(|s| s["network_id"] == net)
+                .cloned()
+                .collect();
+            HttpResponse::json(200, &json!({"subnets": found}))
+        }
+        (Method::Post, "/v2.0/subnets") => {
+            let mut s = body["subnet"].clone();
+            s["id"] = json!(id);
+            c.subnets.push(s.clone());
+            HttpResponse::json(201, &json!({"subnet": s}))
+        }
+        (Method::Put, p) if p.starts_with("/v2.0/subnets/") => {
+            let sid = &p["/v2.0/subnets/".len()..];
+            for s in c.subnets.iter_mut().filter(|s| s["id"] == sid) {
+                s["gateway_ip"] = body["subnet"]["gateway_ip"].clone();
+            }
+            HttpResponse::json(200, &json!({}))
+        }
+        (Method::Delete, p) => {
+            let id = p.rsplit('/').next().unwrap_or_default().to_string();
+            c.subnets.retain(|s| s["id"] != id.as_str());
+            c.networks.retain(|n| n["id"] != id.as_str());
+            HttpResponse::new(204)
+        }
+        _ => HttpResponse::new(404),
+    }
+}
+
+fn seed(host: &MockHost, cidr: &str, gateway: &str) {
+    host.seed(&json!({
+        "apiVersion": "samplecrd.k8s.io/v1", "kind": "Network",
+        "metadata": {"name": "blue", "namespace": "team", "uid": "u-1", "generation": 1,
+                     "finalizers": [FINALIZER]},
+        "spec": {"cidr": cidr, "gateway": gateway},
+    }));
+}
+
+fn run(host: &MockHost) -> Result<Action, wcm_sdk::Error> {
+    host.run::<NetworkPlugin>(ObjectKey::namespaced("team", "blue"))
+}
+
+fn status(host: &MockHost) -> NetworkStatus {
+    let n: Network = host.object(Some("team"), "blue").expect("exists");
+    n.status.unwrap_or_default()
+}
+
+#[test]
+fn an_invalid_spec_is_marked_and_never_sent() {
+    let (host, _) = host();
+    seed(&host, "10.0.0.0/24", "10.0.1.1");
+    assert_eq!(run(&host), Ok(Action::done()));
+    assert!(
+        host.http_requests().is_empty(),
+        "nothing may reach Neutron or Keystone"
+    );
+    let s = status(&host);
+    assert_eq!(
+        s.condition("Invalid").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    assert!(s.condition("Invalid").unwrap().message.contains("outside"));
+    let events = host.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].reason, "InvalidSpec");
+}
+
+#[test]
+fn network_and_subnet_are_created_once_and_then_left_alone() {
+    let (host, cloud) = host();
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    run(&host).expect("synced");
+    {
+        let c = cloud.borrow();
+        assert_eq!(c.networks.len(), 1);
+        assert_eq!(c.networks[0]["tags"], json!(["k8s-uid-u-1"]));
+        assert_eq!(c.networks[0]["name"], "team/blue");
+        assert_eq!(c.subnets.len(), 1);
+        assert_eq!(c.subnets[0]["cidr"], "10.0.0.0/24");
+    }
+    let s = status(&host);
+    assert_eq!(
+        s.condition("Ready").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    assert!(s.network_id.is_some() && s.subnet_id.is_some());
+    // Again, as after a restart: nothing created, nothing written.
+    host.sync_cache().clear_records();
+    run(&host).expect("synced");
+    let writes: Vec<_> = host
+        .http_requests()
+        .into_iter()
+        .filter(|r| r.method != Method::Get && !r.url.ends_with("/auth/tokens"))
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+    assert!(host.patches().is_empty(), "{:?}", host.patches());
+    assert_eq!(cloud.borrow().networks.len(), 1);
+}
+
+#[test]
+fn a_new_gateway_moves_the_pools_and_a_new_cidr_replaces_the_subnet() {
+    let (host, cloud) = host();
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    run(&host).expect("synced");
+    seed(&host, "10.0.0.0/24", "10.0.0.100");
+    run(&host).expect("gateway moved");
+    let put = host
+        .http_requests()
+        .into_iter()
+        .find(|r| r.method == Method::Put)
+        .expect("a PUT of the subnet");
+    let body: Value = put.body_json().unwrap();
+    assert_eq!(body["subnet"]["gateway_ip"], "10.0.0.100");
+    assert_eq!(
+        body["subnet"]["allocation_pools"],
+        json!([{"start": "10.0.0.1", "end": "10.0.0.99"}, {"start": "10.0.0.101", "end": "10.0.0.254"}])
+    );
+    seed(&host, "10.1.0.0/16", "10.1.0.1");
+    run(&host).expect("subnet replaced");
+    let c = cloud.borrow();
+    assert_eq!(c.subnets.len(), 1);
+    assert_eq!(c.subnets[0]["cidr"], "10.1.0.0/16");
+    assert_eq!(c.networks.len(), 1);
+}
+
+#[test]
+fn one_token_serves_many_reconciles() {
+    let (host, cloud) = host();
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    for _ in 0..5 {
+        run(&host).expect("synced");
+    }
+    assert_eq!(cloud.borrow().tokens, 1);
+}
+
+#[test]
+fn missing_configuration_is_terminal() {
+    let host = MockHost::new();
+    host.declare(NetworkPlugin::describe());
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    let e = run(&host).expect_err("no configuration");
+    assert!(e.is_terminal(), "{e}");
+    assert!(e.message().contains("keystone-url"), "{e}");
+}
+
+#[test]
+fn only_the_configured_endpoints_are_declared() {
+    let (_host, _) = host();
+    let d = NetworkPlugin::describe();
+    assert_eq!(
+        d.outbound_hosts,
+        vec!["keystone.test:5000", "neutron.test:9696"]
+    );
+}
