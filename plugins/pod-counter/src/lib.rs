@@ -6,6 +6,9 @@
 //!   pod changes coalesces into one recount.
 //! - Resync every 10 s (the periodic recount); the operator overrides it with `resync_seconds` in
 //!   `pod-counter.toml`.
+//! - A node key labels only that node, and only a control-plane one (a worker node key costs one
+//!   cache read): a resync is not a recount per node. The aggregate key counts, labels every
+//!   control-plane node and records the events, even when a patch fails.
 //! - Counts from the informer cache: no API list, so no `pods list` permission. The only API call
 //!   is a JSON merge patch of the one label on a control-plane node whose label is stale.
 //! - Configuration: `label-key` (default `hopegi/pod-count`).
@@ -55,19 +58,27 @@ impl Reconciler for PodCounter {
         // Metadata is all this plugin reads: it keeps the large Pod and Node deserializers out of
         // the component.
         let pods = ctx.cache::<PartialObjectMeta<Pod>>();
-        // The aggregate key also records an event on every pod, which needs their UIDs: one list
-        // gives both. A node key needs only the number, and keys are cheaper than objects.
         let aggregate = req.key.namespace.is_none() && req.key.name == AGGREGATE_KEY;
-        let (count, counted) = if aggregate {
-            let listed = pods.list(None, None)?;
-            (listed.len(), listed)
-        } else {
-            (pods.count(None, None)?, Vec::new())
-        };
+        if !aggregate {
+            // A node key: only a control-plane node is labelled, and only that node. Worker nodes
+            // cost one cache read and no count, so a resync is not O(nodes × pods).
+            let Some(node) = req.object::<PartialObjectMeta<Node>>()? else {
+                return Ok(Action::done());
+            };
+            if !is_control_plane(&node) {
+                return Ok(Action::done());
+            }
+            let count = pods.count(None, None)?;
+            label_nodes(ctx, &label_key, count, std::iter::once(node))?;
+            return Ok(Action::done());
+        }
+        // The aggregate key counts and records an event on every pod, which needs their UIDs: one
+        // list gives both.
+        let counted = pods.list(None, None)?;
+        let count = counted.len();
+        let labelled = label_control_plane(ctx, &label_key, count);
 
-        let labelled = label_control_plane(ctx, &label_key, count)?;
-        wcm_sdk::debug!(ctx, "counted {count} pods"; "key" => req.key, "patched_nodes" => labelled);
-
+        // The events say what was counted whether or not a node could be labelled.
         let note = format!("pod count is {count}");
         let recorder = ctx.recorder();
         for pod in &counted {
@@ -79,8 +90,17 @@ impl Reconciler for PodCounter {
                 &note,
             );
         }
+        let labelled = labelled?;
+        wcm_sdk::debug!(ctx, "counted {count} pods"; "key" => req.key, "patched_nodes" => labelled);
         Ok(Action::done())
     }
+}
+
+fn is_control_plane(node: &PartialObjectMeta<Node>) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| CONTROL_PLANE_LABELS.iter().any(|k| l.contains_key(*k)))
 }
 
 /// Sets `label_key = count` on every control-plane node whose label differs; returns how many
@@ -96,12 +116,25 @@ fn label_control_plane(ctx: &Context, label_key: &str, count: usize) -> Result<u
             }
         }
     }
+    label_nodes(ctx, label_key, count, control_plane.into_values())
+}
 
+/// Sets `label_key = count` on each of `nodes` whose label differs; returns how many were patched.
+/// A failure on one node does not stop the others; the first is returned so that the host retries.
+fn label_nodes(
+    ctx: &Context,
+    label_key: &str,
+    count: usize,
+    nodes: impl IntoIterator<Item = PartialObjectMeta<Node>>,
+) -> Result<usize, Error> {
     let want = count.to_string();
     let api = ctx.api::<PartialObjectMeta<Node>>();
     let mut patched = 0;
     let mut first_error = None;
-    for (name, node) in &control_plane {
+    for node in nodes {
+        let Some(name) = node.metadata.name.as_deref() else {
+            continue;
+        };
         let current = node.metadata.labels.as_ref().and_then(|l| l.get(label_key));
         if current == Some(&want) {
             continue;
@@ -232,6 +265,21 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_node_key_costs_no_count_and_no_call() {
+        let host = cluster(&[node("cp", &[CP]), node("w1", &[])], 5);
+        host.run::<PodCounter>(ObjectKey::cluster("w1"))
+            .expect("reconciled");
+        assert!(host.calls().is_empty(), "{:?}", host.calls());
+        assert!(host.patches().is_empty());
+        // A control-plane node key labels that node only.
+        let host = cluster(&[node("cp", &[CP]), node("cp2", &[CP])], 5);
+        host.run::<PodCounter>(ObjectKey::cluster("cp"))
+            .expect("reconciled");
+        let patched: Vec<_> = host.patches().iter().map(|p| p.key.name.clone()).collect();
+        assert_eq!(patched, vec!["cp".to_string()]);
+    }
+
+    #[test]
     fn no_patch_when_the_label_is_current() {
         let host = cluster(&[node("cp", &[CP, ("hopegi/pod-count", "4")])], 4);
         host.run::<PodCounter>(aggregate()).expect("reconciled");
@@ -263,7 +311,8 @@ mod tests {
         host.run::<PodCounter>(ObjectKey::cluster("w1"))
             .expect("reconciled");
         let patched: Vec<String> = host.patches().into_iter().map(|p| p.key.name).collect();
-        assert_eq!(patched, ["cp", "cp"]);
+        // The worker's own key touches nothing (it used to recount and patch cp again).
+        assert_eq!(patched, ["cp"]);
     }
 
     #[test]
@@ -356,6 +405,8 @@ mod tests {
         assert!(!err.is_terminal());
         assert!(err.message().contains("labelling node a"), "{err}");
         assert_eq!(host.patches().len(), 2);
+        // The count was made: its event is recorded even though a patch failed.
+        assert_eq!(host.events().len(), 1);
         assert!(
             host.object::<Node>(None, "b")
                 .and_then(|n| n.metadata.labels)
