@@ -1,8 +1,10 @@
 //! `network`: keeps each `Network` (`samplecrd.k8s.io/v1`: spec `cidr` and `gateway`) in sync with
 //! an OpenStack Neutron network and subnet.
 //!
-//! - Its Neutron network is found by the tag `k8s-uid-<uid>` (set in the create request itself), so
-//!   a restart at any point never creates a second one; the name (`namespace/name`) is for people.
+//! - Its Neutron network is found by the tag `k8s-uid-<uid>`. Neutron accepts tags on a network only
+//!   after its create, so the create sets the same string as the description, and a network found
+//!   by description alone gets its tag: a restart at any point never creates a second one. The name
+//!   (`namespace/name`) is for people.
 //! - Missing network or subnet: created. Gateway changed: moved together with allocation pools that
 //!   leave it out. CIDR changed: the subnet is replaced.
 //! - A finalizer holds the object until its subnet and network are deleted (404: already gone).
@@ -263,7 +265,7 @@ fn sync(
 
     // The network: found by tag, else created. More than one (never made by this plugin, but
     // possible by hand) converges on the oldest.
-    let mut networks = neutron.networks_tagged(&tag)?;
+    let mut networks = neutron.networks_of(&tag)?;
     networks.sort_by(|a, b| {
         let key = |v: &serde_json::Value| v["created_at"].as_str().unwrap_or("").to_string();
         key(a).cmp(&key(b))
@@ -354,7 +356,7 @@ fn cleanup(ctx: &Context, n: &Network) -> Result<Action, Error> {
     let tag = tag_of(n)?;
     let cloud = cloud(ctx)?;
     let neutron = Neutron::new(ctx, &cloud);
-    let result = neutron.networks_tagged(&tag).and_then(|networks| {
+    let result = neutron.networks_of(&tag).and_then(|networks| {
         for net in &networks {
             if let Some(id) = net["id"].as_str() {
                 delete_network(&neutron, id)?;

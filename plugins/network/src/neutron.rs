@@ -232,20 +232,47 @@ impl<'a> Neutron<'a> {
         Ok(body[field].as_array().cloned().unwrap_or_default())
     }
 
-    /// Networks carrying `tag`.
-    pub fn networks_tagged(&self, tag: &str) -> Result<Vec<Value>, Failure> {
-        self.list(&format!("networks?tags={tag}"), "networks")
+    /// The networks of one object: those carrying `tag`, or else those whose description is the
+    /// tag (created, then the process stopped before the tag was added), which get the tag now.
+    /// Neutron takes tags on networks only after the create, so the description is what makes the
+    /// create itself findable: no restart at any point creates a second network.
+    pub fn networks_of(&self, tag: &str) -> Result<Vec<Value>, Failure> {
+        let tagged = self.list(&format!("networks?tags={tag}"), "networks")?;
+        if !tagged.is_empty() {
+            return Ok(tagged);
+        }
+        let described = self.list(&format!("networks?description={tag}"), "networks")?;
+        for net in &described {
+            if let Some(id) = net["id"].as_str() {
+                self.add_tag(id, tag)?;
+            }
+        }
+        Ok(described)
     }
 
-    /// A network named `name`, tagged with `tag` in the same request (no untagged window).
+    fn add_tag(&self, network_id: &str, tag: &str) -> Result<(), Failure> {
+        self.call(
+            Method::Put,
+            &format!("networks/{network_id}/tags/{tag}"),
+            None,
+        )
+        .map(|_| ())
+    }
+
+    /// A network named `name` (for people), described as `tag` in the create itself and then
+    /// tagged with it.
     pub fn create_network(&self, name: &str, tag: &str) -> Result<Value, Failure> {
         let r = self.call(
             Method::Post,
             "networks",
-            Some(json!({"network": {"name": name, "tags": [tag], "admin_state_up": true}})),
+            Some(json!({"network": {"name": name, "description": tag, "admin_state_up": true}})),
         )?;
         let body: Value = r.body_json().map_err(Failure::neutron)?;
-        Ok(body["network"].clone())
+        let network = body["network"].clone();
+        if let Some(id) = network["id"].as_str() {
+            self.add_tag(id, tag)?;
+        }
+        Ok(network)
     }
 
     pub fn subnets_of(&self, network_id: &str) -> Result<Vec<Value>, Failure> {
@@ -266,7 +293,7 @@ impl<'a> Neutron<'a> {
             Some(json!({"subnet": {
                 "network_id": network_id,
                 "name": name,
-                "tags": [tag],
+                "description": tag,
                 "ip_version": cidr.ip_version(),
                 "cidr": cidr.to_string(),
                 "gateway_ip": gateway,

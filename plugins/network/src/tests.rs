@@ -58,11 +58,34 @@ fn answer(c: &mut Cloud, req: &HttpRequest) -> HttpResponse {
                 .collect();
             HttpResponse::json(200, &json!({"networks": found}))
         }
+        (Method::Get, p) if p.starts_with("/v2.0/networks?description=") => {
+            let d = &p["/v2.0/networks?description=".len()..];
+            let found: Vec<_> = c
+                .networks
+                .iter()
+                .filter(|n| n["description"] == d)
+                .cloned()
+                .collect();
+            HttpResponse::json(200, &json!({"networks": found}))
+        }
+        // As the real Neutron: no tags in a network create.
+        (Method::Post, "/v2.0/networks") if body["network"].get("tags").is_some() => {
+            HttpResponse::json(400, &json!({"NeutronError": {"type": "HTTPBadRequest"}}))
+        }
         (Method::Post, "/v2.0/networks") => {
             let mut n = body["network"].clone();
             n["id"] = json!(id);
+            n["tags"] = json!([]);
             c.networks.push(n.clone());
             HttpResponse::json(201, &json!({"network": n}))
+        }
+        (Method::Put, p) if p.starts_with("/v2.0/networks/") && p.contains("/tags/") => {
+            let rest = &p["/v2.0/networks/".len()..];
+            let (nid, tag) = rest.split_once("/tags/").unwrap_or_default();
+            for n in c.networks.iter_mut().filter(|n| n["id"] == nid) {
+                n["tags"] = json!([tag]);
+            }
+            HttpResponse::new(201)
         }
         (Method::Get, p) if p.starts_with("/v2.0/subnets?network_id=") => {
             let net = &p["/v2.0/subnets?network_id=".len()..];
@@ -93,7 +116,7 @@ fn answer(c: &mut Cloud, req: &HttpRequest) -> HttpResponse {
             c.networks.retain(|n| n["id"] != id.as_str());
             HttpResponse::new(204)
         }
-        _ => HttpResponse::new(404),
+        _ => panic!("unexpected request {:?} {path}", req.method),
     }
 }
 
@@ -144,6 +167,7 @@ fn network_and_subnet_are_created_once_and_then_left_alone() {
         let c = cloud.borrow();
         assert_eq!(c.networks.len(), 1);
         assert_eq!(c.networks[0]["tags"], json!(["k8s-uid-u-1"]));
+        assert_eq!(c.networks[0]["description"], "k8s-uid-u-1");
         assert_eq!(c.networks[0]["name"], "team/blue");
         assert_eq!(c.subnets.len(), 1);
         assert_eq!(c.subnets[0]["cidr"], "10.0.0.0/24");
@@ -177,7 +201,7 @@ fn a_new_gateway_moves_the_pools_and_a_new_cidr_replaces_the_subnet() {
     let put = host
         .http_requests()
         .into_iter()
-        .find(|r| r.method == Method::Put)
+        .find(|r| r.method == Method::Put && r.url.contains("/subnets/"))
         .expect("a PUT of the subnet");
     let body: Value = put.body_json().unwrap();
     assert_eq!(body["subnet"]["gateway_ip"], "10.0.0.100");
@@ -191,6 +215,23 @@ fn a_new_gateway_moves_the_pools_and_a_new_cidr_replaces_the_subnet() {
     assert_eq!(c.subnets.len(), 1);
     assert_eq!(c.subnets[0]["cidr"], "10.1.0.0/16");
     assert_eq!(c.networks.len(), 1);
+}
+
+#[test]
+fn a_network_created_but_not_yet_tagged_is_adopted() {
+    let (host, cloud) = host();
+    // What a stop right after the create leaves: described, untagged, no subnet.
+    cloud
+        .borrow_mut()
+        .networks
+        .push(json!({"id": "orphan", "description": "k8s-uid-u-1", "tags": []}));
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    run(&host).expect("synced");
+    let c = cloud.borrow();
+    assert_eq!(c.networks.len(), 1, "{:?}", c.networks);
+    assert_eq!(c.networks[0]["tags"], json!(["k8s-uid-u-1"]));
+    assert_eq!(c.subnets.len(), 1);
+    assert_eq!(c.subnets[0]["network_id"], "orphan");
 }
 
 #[test]

@@ -11,11 +11,15 @@
 //!
 //! The local cluster keeps the apiserver's audit log ([`audit`]): tests read what the apiserver
 //! itself saw with [`TestEnv::audit_events`] and [`TestEnv::audit_events_since`].
+//!
+//! [`OpenStack`] runs real Keystone + Neutron API servers on loopback for the network plugin's
+//! tests ([`openstack`]).
 
 pub mod audit;
 mod control;
 pub mod crds;
 mod namespace;
+pub mod openstack;
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +30,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub use audit::{AuditEvent, AuditMark};
 pub use control::ReadyInfo;
 pub use namespace::TestNamespace;
+pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
 
 use control::Control;
 

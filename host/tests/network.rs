@@ -1,0 +1,626 @@
+//! The network plugin against the real OpenStack Neutron API server and Keystone (installed from
+//! PyPI, on loopback, SQLite), and the real kube-apiserver. Neutron's state is read back from
+//! Neutron's own API, and what reached Neutron is counted from its own request log.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use testenv::{OpenStack, OpenStackInfo};
+use wasm_controller_manager::app::Manager;
+
+fn networks_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("samplecrd.k8s.io", "v1", "Network"));
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn network(name: &str, cidr: &str, gateway: &str) -> Value {
+    json!({
+        "apiVersion": "samplecrd.k8s.io/v1", "kind": "Network",
+        "metadata": {"name": name},
+        "spec": {"cidr": cidr, "gateway": gateway},
+    })
+}
+
+/// Status, headers (lowercase names) and JSON body of an answer.
+type Answer = (u16, Vec<(String, String)>, Value);
+
+/// One plain HTTP/1.1 request on loopback.
+fn http(url: &str, method: &str, token: Option<&str>, body: Option<&Value>) -> Result<Answer> {
+    let rest = url.strip_prefix("http://").context("http:// only")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut stream = std::net::TcpStream::connect(authority)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nAccept: application/json\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(t) = token {
+        req.push_str(&format!("X-Auth-Token: {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    stream.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, payload) = text.split_once("\r\n\r\n").context("no header end")?;
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .context("no status")?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let payload = if chunked {
+        dechunk(payload)
+    } else {
+        payload.to_string()
+    };
+    let json = serde_json::from_str(&payload).unwrap_or(Value::Null);
+    Ok((status, headers, json))
+}
+
+fn dechunk(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A token of the plugin's own project user (what the tests read Neutron with).
+fn user_token(info: &OpenStackInfo) -> Result<String> {
+    let (status, headers, _) = http(
+        &format!("{}/auth/tokens", info.keystone_url),
+        "POST",
+        None,
+        Some(
+            &json!({"auth": {"identity": {"methods": ["application_credential"],
+            "application_credential": {"id": info.application_credential_id,
+                                       "secret": info.application_credential_secret}}}}),
+        ),
+    )?;
+    if status != 201 {
+        bail!("Keystone answered {status}");
+    }
+    headers
+        .into_iter()
+        .find(|(k, _)| k == "x-subject-token")
+        .map(|(_, v)| v)
+        .context("no X-Subject-Token")
+}
+
+fn neutron_get(info: &OpenStackInfo, token: &str, path: &str) -> Result<Value> {
+    let (status, _, body) = http(
+        &format!("{}/v2.0/{path}", info.neutron_url),
+        "GET",
+        Some(token),
+        None,
+    )?;
+    if status != 200 {
+        bail!("Neutron GET {path}: {status} {body}");
+    }
+    Ok(body)
+}
+
+fn tagged(info: &OpenStackInfo, token: &str, uid: &str) -> Result<Vec<Value>> {
+    let body = neutron_get(info, token, &format!("networks?tags=k8s-uid-{uid}"))?;
+    Ok(body["networks"].as_array().cloned().unwrap_or_default())
+}
+
+fn subnets(info: &OpenStackInfo, token: &str, network_id: &str) -> Result<Vec<Value>> {
+    let body = neutron_get(info, token, &format!("subnets?network_id={network_id}"))?;
+    Ok(body["subnets"].as_array().cloned().unwrap_or_default())
+}
+
+fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    obj.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn condition_is(obj: &DynamicObject, type_: &str, status: &str) -> bool {
+    condition(obj, type_).is_some_and(|c| c["status"] == status)
+}
+
+/// Waits until the Network satisfies `ok`.
+async fn wait_network(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    ok: impl Fn(&DynamicObject) -> bool,
+) -> Result<DynamicObject> {
+    let last = std::sync::Mutex::new(None);
+    let result = eventually(what, timeout, || async {
+        let n = api.get(name).await?;
+        let done = ok(&n);
+        *last.lock().expect("not poisoned") = Some(n.clone());
+        Ok(done.then_some(n))
+    })
+    .await;
+    result.with_context(|| {
+        let last = last.lock().expect("not poisoned").take();
+        format!(
+            "last seen: metadata {:?}, status {}",
+            last.as_ref().map(|n| &n.metadata),
+            last.as_ref()
+                .map_or(Value::Null, |n| n.data["status"].clone())
+        )
+    })
+}
+
+fn is_ready_for(n: &DynamicObject) -> bool {
+    condition_is(n, "Ready", "True")
+        && n.data["status"]["observedGeneration"] == json!(n.metadata.generation)
+}
+
+/// The plugin's directory: network.wasm and its NAME.toml pointing at this OpenStack, with its
+/// credentials in a Secret of `ns`.
+async fn install_network(
+    dir: &Path,
+    os: &OpenStackInfo,
+    ns: &str,
+    client: &kube::Client,
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "openstack"},
+        "stringData": {"id": os.application_credential_id, "secret": os.application_credential_secret},
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    let authority = |url: &str| -> String {
+        let rest = url.trim_start_matches("http://");
+        rest.split('/').next().unwrap_or(rest).to_string()
+    };
+    std::fs::write(
+        dir.join("network.toml"),
+        format!(
+            "isolation = \"worker\"\nallowed_hosts = [\"{}\", \"{}\"]\n[config]\nkeystone-url = \"{}\"\nneutron-url = \"{}\"\n[secrets]\napplication-credential-id = \"{ns}/openstack/id\"\napplication-credential-secret = \"{ns}/openstack/secret\"\n",
+            authority(&os.keystone_url),
+            authority(&os.neutron_url),
+            os.keystone_url,
+            os.neutron_url,
+        ),
+    )?;
+    install(dir, "network", "network.wasm")?;
+    Ok(())
+}
+
+fn network_config(dir: &Path) -> wasm_controller_manager::app::RunConfig {
+    let mut cfg = test_config(dir);
+    // Neutron answers in tens of milliseconds; a slow request is not the guest's CPU.
+    cfg.limits.cpu_deadline = Duration::from_secs(1);
+    // Retries reach a recovered Neutron within seconds.
+    cfg.rate_limits.max_delay = Duration::from_secs(3);
+    cfg
+}
+
+/// Create, change the gateway, change the CIDR, delete: Neutron matches each time; an invalid
+/// spec never reaches Neutron; the plugin's own status writes do not wake it; one token serves
+/// every reconcile of a worker.
+/// One test, the scenarios in turn: each runs a manager of its own, and a manager's network plugin
+/// reconciles every Network in the cluster (two at once would both act on each other's objects).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_network_plugin_against_real_neutron_and_keystone() -> Result<()> {
+    let os = OpenStack::start().await?;
+    networks_follow_their_spec_in_neutron(&os).await?;
+    restarts_and_outages_converge_without_duplicates(&os).await?;
+    rotated_credentials_are_picked_up_without_a_restart(&os).await
+}
+
+async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
+    let info = os.info().clone();
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("net").await?;
+    let dir = temp_dir("network")?;
+    install_network(&dir, &info, &ns.name, &client).await?;
+    let manager = start_manager(network_config(&dir)).await?;
+    let token = user_token(&info)?;
+    let api = networks_api(&client, &ns.name);
+
+    // Create.
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(network("blue", "10.20.0.0/24", "10.20.0.1"))?,
+        )
+        .await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    let n = wait_network(
+        &api,
+        "blue",
+        "blue Ready",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    let nets = tagged(&info, &token, &uid)?;
+    assert_eq!(nets.len(), 1, "{nets:?}");
+    let net_id = nets[0]["id"].as_str().context("id")?.to_string();
+    assert_eq!(n.data["status"]["networkId"], json!(net_id));
+    assert_eq!(nets[0]["name"], json!(format!("{}/blue", ns.name)));
+    let subs = subnets(&info, &token, &net_id)?;
+    assert_eq!(subs.len(), 1);
+    assert_eq!(subs[0]["cidr"], "10.20.0.0/24");
+    assert_eq!(subs[0]["gateway_ip"], "10.20.0.1");
+    assert_eq!(n.data["status"]["subnetId"], subs[0]["id"]);
+    assert!(
+        n.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == "samplecrd.k8s.io/neutron"))
+    );
+
+    // Steady state: the status write did not wake the plugin again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let filtered = metric(
+        &manager,
+        "wcm_changes_filtered_total",
+        &[("controller", "network")],
+    );
+    assert!(
+        filtered >= 1.0,
+        "its status writes were not filtered: {filtered}"
+    );
+    let writes_before = os
+        .neutron_requests()?
+        .iter()
+        .filter(|r| r.method != "GET")
+        .count();
+
+    // Gateway into the old allocation pool: moved with the pools.
+    let patch = PatchParams::default();
+    api.patch(
+        "blue",
+        &patch,
+        &Patch::Merge(json!({"spec": {"gateway": "10.20.0.100"}})),
+    )
+    .await?;
+    wait_network(
+        &api,
+        "blue",
+        "blue Ready at generation 2",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    let subs = subnets(&info, &token, &net_id)?;
+    assert_eq!(subs.len(), 1);
+    assert_eq!(subs[0]["gateway_ip"], "10.20.0.100");
+    let pools = &subs[0]["allocation_pools"];
+    assert_eq!(
+        pools,
+        &json!([{"start": "10.20.0.1", "end": "10.20.0.99"}, {"start": "10.20.0.101", "end": "10.20.0.254"}]),
+        "the pools leave the gateway out"
+    );
+
+    // CIDR: the subnet is replaced, in the same network.
+    api.patch(
+        "blue",
+        &patch,
+        &Patch::Merge(json!({"spec": {"cidr": "10.21.0.0/16", "gateway": "10.21.0.1"}})),
+    )
+    .await?;
+    let n = wait_network(
+        &api,
+        "blue",
+        "blue Ready at generation 3",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    let subs = subnets(&info, &token, &net_id)?;
+    assert_eq!(subs.len(), 1, "{subs:?}");
+    assert_eq!(subs[0]["cidr"], "10.21.0.0/16");
+    assert_eq!(n.data["status"]["subnetId"], subs[0]["id"]);
+    assert_eq!(tagged(&info, &token, &uid)?.len(), 1);
+    let writes_after = os
+        .neutron_requests()?
+        .iter()
+        .filter(|r| r.method != "GET")
+        .count();
+    // PUT (gateway), DELETE + POST (subnet): nothing more.
+    assert_eq!(
+        writes_after - writes_before,
+        3,
+        "Neutron writes for two spec changes"
+    );
+
+    // An invalid spec: Invalid, a Warning event, and not one request to Neutron.
+    let before = os.neutron_requests()?.len();
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(network("bad-gw", "10.30.0.0/24", "10.31.0.1"))?,
+    )
+    .await?;
+    let bad = wait_network(
+        &api,
+        "bad-gw",
+        "bad-gw Invalid",
+        Duration::from_secs(30),
+        |n| condition_is(n, "Invalid", "True"),
+    )
+    .await?;
+    assert!(
+        condition(&bad, "Invalid")
+            .is_some_and(|c| c["message"].as_str().is_some_and(|m| m.contains("outside")))
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = os.neutron_requests()?;
+    assert_eq!(
+        after.len(),
+        before,
+        "Neutron saw requests for an invalid spec: {:?}",
+        &after[before..]
+    );
+    // The schema refuses what is not a CIDR or an address at all.
+    for (cidr, gw) in [
+        ("10.0.0.0/33", "10.0.0.1"),
+        ("10.0.0.0/24", "gateway"),
+        ("", "10.0.0.1"),
+    ] {
+        let e = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(network("schema", cidr, gw))?,
+            )
+            .await
+            .expect_err("refused by the schema");
+        assert!(
+            matches!(&e, kube::Error::Api(s) if s.code == 422),
+            "{cidr} {gw}: {e}"
+        );
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let reasons = eventually("the InvalidSpec event", Duration::from_secs(30), || async {
+        let reasons: Vec<String> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad-gw"))
+            .filter_map(|e| e.reason)
+            .collect();
+        Ok(reasons
+            .iter()
+            .any(|r| r == "InvalidSpec")
+            .then_some(reasons))
+    })
+    .await?;
+    assert_eq!(
+        reasons.iter().filter(|r| *r == "InvalidSpec").count(),
+        1,
+        "{reasons:?}"
+    );
+
+    // Delete: subnet and network go from Neutron, then the object.
+    api.delete("blue", &DeleteParams::default()).await?;
+    eventually("blue gone", Duration::from_secs(60), || async {
+        Ok(api.get_opt("blue").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert!(tagged(&info, &token, &uid)?.is_empty());
+    let gone = http(
+        &format!("{}/v2.0/networks/{net_id}", info.neutron_url),
+        "GET",
+        Some(&token),
+        None,
+    )?;
+    assert_eq!(gone.0, 404);
+
+    // One token per worker instance, not one per reconcile.
+    let reconciles = metric(
+        &manager,
+        "controller_runtime_reconcile_total",
+        &[("controller", "network")],
+    );
+    let tokens = os
+        .keystone_requests()?
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/auth/tokens"))
+        .count();
+    // Besides the plugin's: the test's own token and Neutron's service user (keystonemiddleware).
+    assert!(
+        tokens <= 4 + 1 + 2,
+        "{tokens} tokens for {reconciles} reconciles"
+    );
+    assert!(
+        reconciles > tokens as f64,
+        "{tokens} tokens for {reconciles} reconciles"
+    );
+    manager.stop().await;
+    Ok(())
+}
+
+/// The state a host killed between the network create and the subnet create leaves behind (a
+/// network not yet tagged, without a subnet), then Neutron down for a minute, then a Network deleted while
+/// the host is down: each converges with no duplicate and nothing left behind.
+async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Result<()> {
+    let info = os.info().clone();
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("net-faults").await?;
+    let dir = temp_dir("network-faults")?;
+    install_network(&dir, &info, &ns.name, &client).await?;
+    let token = user_token(&info)?;
+    let api = networks_api(&client, &ns.name);
+
+    // Host down: a Network exists, and its network was created in Neutron just before a crash.
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(network("green", "10.40.0.0/24", "10.40.0.1"))?,
+        )
+        .await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    let (status, _, body) = http(
+        &format!("{}/v2.0/networks", info.neutron_url),
+        "POST",
+        Some(&token),
+        // As the plugin creates it: described by its tag, which is added only after the create.
+        Some(&json!({"network": {
+            "name": format!("{}/green", ns.name),
+            "description": format!("k8s-uid-{uid}"),
+        }})),
+    )?;
+    assert_eq!(status, 201, "{body}");
+    let orphan = body["network"]["id"].as_str().context("id")?.to_string();
+
+    let manager = start_manager(network_config(&dir)).await?;
+    let n = wait_network(
+        &api,
+        "green",
+        "green Ready",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    let nets = tagged(&info, &token, &uid)?;
+    let all = neutron_get(&info, &token, "networks")?;
+    assert_eq!(nets.len(), 1, "one network, tagged: {nets:?}; all: {all}");
+    assert_eq!(
+        n.data["status"]["networkId"],
+        json!(orphan),
+        "the existing network was adopted"
+    );
+    assert_eq!(subnets(&info, &token, &orphan)?.len(), 1);
+
+    // Neutron down for a minute while a Network is created: Synced=False, then Ready after.
+    os.stop_neutron()?;
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(network("amber", "10.50.0.0/24", "10.50.0.1"))?,
+    )
+    .await?;
+    let down = wait_network(
+        &api,
+        "amber",
+        "amber not Synced",
+        Duration::from_secs(30),
+        |n| condition_is(n, "Synced", "False"),
+    )
+    .await?;
+    let reason = condition(&down, "Synced").map(|c| c["reason"].clone());
+    assert_eq!(reason, Some(json!("NeutronUnavailable")), "{down:?}");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    os.start_neutron()?;
+    let returned = std::time::Instant::now();
+    let amber = wait_network(
+        &api,
+        "amber",
+        "amber Ready after Neutron returned",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    eprintln!(
+        "amber Ready {:?} after Neutron returned",
+        returned.elapsed()
+    );
+    let amber_uid = amber.metadata.uid.clone().context("uid")?;
+    assert_eq!(tagged(&info, &token, &amber_uid)?.len(), 1);
+
+    // Host down while a Network is deleted: the finalizer holds it; the returning host cleans up.
+    manager.stop().await;
+    api.delete("green", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        api.get_opt("green").await?.is_some(),
+        "the finalizer holds it while the host is down"
+    );
+    assert_eq!(tagged(&info, &token, &uid)?.len(), 1);
+    let manager = start_manager(network_config(&dir)).await?;
+    eventually("green gone", Duration::from_secs(60), || async {
+        Ok(api.get_opt("green").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert!(
+        tagged(&info, &token, &uid)?.is_empty(),
+        "its Neutron network was deleted"
+    );
+    manager.stop().await;
+    Ok(())
+}
+
+/// Credentials: a wrong secret in the Secret → AuthenticationFailed; the right one put back →
+/// Ready again, without a restart (the Secret is read again at each rescan).
+async fn rotated_credentials_are_picked_up_without_a_restart(os: &OpenStack) -> Result<()> {
+    let info = os.info().clone();
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("net-creds").await?;
+    let dir = temp_dir("network-creds")?;
+    install_network(&dir, &info, &ns.name, &client).await?;
+    let manager: Manager = start_manager(network_config(&dir)).await?;
+    let api = networks_api(&client, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+
+    secrets
+        .patch(
+            "openstack",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"secret": "wrong"}})),
+        )
+        .await?;
+    // A rescan (2 s in tests) reloads the plugin with the new value.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(network("teal", "10.60.0.0/24", "10.60.0.1"))?,
+    )
+    .await?;
+    let failed = wait_network(
+        &api,
+        "teal",
+        "teal AuthenticationFailed",
+        Duration::from_secs(30),
+        |n| condition(n, "Synced").is_some_and(|c| c["reason"] == "AuthenticationFailed"),
+    )
+    .await?;
+    assert!(!condition_is(&failed, "Ready", "True"));
+    secrets
+        .patch(
+            "openstack",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"secret": info.application_credential_secret}})),
+        )
+        .await?;
+    wait_network(
+        &api,
+        "teal",
+        "teal Ready with the restored credential",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    manager.stop().await;
+    Ok(())
+}
