@@ -1,12 +1,15 @@
 //! Prepares a local cluster for `scripts/run-local`: installs the CRDs from `manifests/crds/`, and
 //! creates a demo control-plane node, a worker node and a few pods, so the shipped plugins have
-//! something to do. Safe to run again (existing objects are kept).
+//! something to do. Given the ready line of `testenv/openstack/openstack.py serve`, it also creates
+//! the Secret with the network plugin's OpenStack credentials and a sample Network. Safe to run again
+//! (existing objects are kept).
 //!
-//! Usage: testenv-seed KUBECONFIG
+//! Usage: testenv-seed KUBECONFIG [OPENSTACK_READY_JSON]
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -50,5 +53,31 @@ async fn main() -> Result<()> {
         create(&pods, json!({"metadata": {"name": format!("demo-{i}")}, "spec": {"containers": [{"name": "c", "image": "registry.invalid/demo:1"}]}})).await?;
     }
     println!("seeded: CRDs, nodes control-plane-1 and worker-1, 5 pods in namespace demo");
+    if let Some(ready) = std::env::args().nth(2) {
+        let text = std::fs::read_to_string(&ready).with_context(|| format!("read {ready}"))?;
+        let info: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or_default())
+            .with_context(|| format!("{ready} is not the OpenStack ready line"))?;
+        create(
+            &Api::<Secret>::namespaced(client.clone(), "demo"),
+            json!({"metadata": {"name": "openstack"}, "stringData": {
+                "id": info["application_credential_id"],
+                "secret": info["application_credential_secret"],
+            }}),
+        )
+        .await?;
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("samplecrd.k8s.io", "v1", "Network"));
+        let networks: Api<DynamicObject> = Api::namespaced_with(client.clone(), "demo", &ar);
+        let sample: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "samplecrd.k8s.io/v1", "kind": "Network",
+            "metadata": {"name": "example-network"},
+            "spec": {"cidr": "192.168.0.0/24", "gateway": "192.168.0.1"},
+        }))?;
+        match networks.create(&PostParams::default(), &sample).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        println!("seeded: Secret demo/openstack and Network demo/example-network");
+    }
     Ok(())
 }
