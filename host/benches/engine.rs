@@ -24,13 +24,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
-use wasm_controller_manager::app::{Manager, RunConfig};
-use wasm_controller_manager::cluster::identity::IdentitySettings;
-use wasm_controller_manager::cluster::services::BudgetSettings;
+use wasm_controller_manager::app::Manager;
 use wasm_controller_manager::engine::informer::{InformerKey, Informers};
-use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::metrics::Metrics;
-use wasm_controller_manager::sandbox::Limits;
 
 /// Counts live heap bytes.
 struct Counting;
@@ -100,36 +96,6 @@ async fn create_pods(
     start.elapsed()
 }
 
-fn config(dir: &std::path::Path) -> RunConfig {
-    RunConfig {
-        kubeconfig: None,
-        plugins_dir: dir.to_path_buf(),
-        compile_cache: Some(std::env::temp_dir().join(common::COMPILE_CACHE)),
-        metrics_addr: None,
-        kube_qps: 50.0,
-        kube_burst: 100,
-        api_timeout: Duration::from_secs(30),
-        default_workers: 2,
-        limits: Limits::default(),
-        max_instances: 64,
-        max_plugin_bytes: 64 << 20,
-        rescan: Duration::from_secs(30),
-        allowed_hosts: vec![],
-        event_qps: 20.0,
-        event_burst: 50,
-        identity: IdentitySettings::default(),
-        // The benchmark measures the engine, not the per-plugin API budget.
-        budgets: BudgetSettings {
-            api_qps: 0.0,
-            ..BudgetSettings::default()
-        },
-        max_workers_per_plugin: 16,
-        wait_retry: Duration::from_secs(1),
-        sync_timeout: Duration::from_secs(30),
-        rate_limits: RateLimits::default(),
-    }
-}
-
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
     while !f() {
@@ -177,7 +143,7 @@ async fn run() {
     let dir = std::env::temp_dir().join(format!("wcm-bench-engine-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::copy(artifact("noop"), dir.join("noop.wasm")).expect("copy noop");
-    let manager = Manager::start(config(&dir), granted(env, &dir).await)
+    let manager = Manager::start(common::bench_config(&dir), granted(env, &dir).await)
         .await
         .expect("manager");
     // The plugin watches all namespaces: phase 0's pods are reconciled first, outside the timing.
@@ -278,7 +244,7 @@ async fn run() {
 
     // Phase 3: latency at a steady 50 pods/s.
     let ns3 = env.namespace("bench-latency").await.expect("ns").name;
-    let manager = Manager::start(config(&dir), granted(env, &dir).await)
+    let manager = Manager::start(common::bench_config(&dir), granted(env, &dir).await)
         .await
         .expect("manager");
     wait_until("initial reconciles", Duration::from_secs(120), || {
@@ -432,7 +398,7 @@ async fn run() {
         .items
         .len();
     let start = Instant::now();
-    let manager = Manager::start(config(&pc_dir), granted(env, &pc_dir).await)
+    let manager = Manager::start(common::bench_config(&pc_dir), granted(env, &pc_dir).await)
         .await
         .expect("manager");
     let mut converged = None;

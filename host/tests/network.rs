@@ -4,16 +4,16 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use testenv::openstack_api::http;
 use testenv::{OpenStack, OpenStackInfo};
 use wasm_controller_manager::app::Manager;
 
@@ -30,110 +30,13 @@ fn network(name: &str, cidr: &str, gateway: &str) -> Value {
     })
 }
 
-/// Status, headers (lowercase names) and JSON body of an answer.
-type Answer = (u16, Vec<(String, String)>, Value);
-
-/// One plain HTTP/1.1 request on loopback.
-fn http(url: &str, method: &str, token: Option<&str>, body: Option<&Value>) -> Result<Answer> {
-    let rest = url.strip_prefix("http://").context("http:// only")?;
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let mut stream = std::net::TcpStream::connect(authority)?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nAccept: application/json\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        req.push_str(&format!("X-Auth-Token: {t}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(&body);
-    stream.write_all(req.as_bytes())?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, payload) = text.split_once("\r\n\r\n").context("no header end")?;
-    let mut lines = head.lines();
-    let status: u16 = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .context("no status")?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
-    let payload = if chunked {
-        dechunk(payload)
-    } else {
-        payload.to_string()
-    };
-    let json = serde_json::from_str(&payload).unwrap_or(Value::Null);
-    Ok((status, headers, json))
-}
-
-fn dechunk(s: &str) -> String {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-/// A token of the plugin's own project user (what the tests read Neutron with).
-fn user_token(info: &OpenStackInfo) -> Result<String> {
-    let (status, headers, _) = http(
-        &format!("{}/auth/tokens", info.keystone_url),
-        "POST",
-        None,
-        Some(
-            &json!({"auth": {"identity": {"methods": ["application_credential"],
-            "application_credential": {"id": info.application_credential_id,
-                                       "secret": info.application_credential_secret}}}}),
-        ),
-    )?;
-    if status != 201 {
-        bail!("Keystone answered {status}");
-    }
-    headers
-        .into_iter()
-        .find(|(k, _)| k == "x-subject-token")
-        .map(|(_, v)| v)
-        .context("no X-Subject-Token")
-}
-
-fn neutron_get(info: &OpenStackInfo, token: &str, path: &str) -> Result<Value> {
-    let (status, _, body) = http(
-        &format!("{}/v2.0/{path}", info.neutron_url),
-        "GET",
-        Some(token),
-        None,
-    )?;
-    if status != 200 {
-        bail!("Neutron GET {path}: {status} {body}");
-    }
-    Ok(body)
-}
-
-fn tagged(info: &OpenStackInfo, token: &str, uid: &str) -> Result<Vec<Value>> {
-    let body = neutron_get(info, token, &format!("networks?tags=k8s-uid-{uid}"))?;
+fn tagged(os: &OpenStack, token: &str, uid: &str) -> Result<Vec<Value>> {
+    let body = os.neutron_get(token, &format!("networks?tags=k8s-uid-{uid}"))?;
     Ok(body["networks"].as_array().cloned().unwrap_or_default())
 }
 
-fn subnets(info: &OpenStackInfo, token: &str, network_id: &str) -> Result<Vec<Value>> {
-    let body = neutron_get(info, token, &format!("subnets?network_id={network_id}"))?;
+fn subnets(os: &OpenStack, token: &str, network_id: &str) -> Result<Vec<Value>> {
+    let body = os.neutron_get(token, &format!("subnets?network_id={network_id}"))?;
     Ok(body["subnets"].as_array().cloned().unwrap_or_default())
 }
 
@@ -242,7 +145,7 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
     let dir = temp_dir("network")?;
     install_network(&dir, &info, &ns.name, &client).await?;
     let manager = start_manager(network_config(&dir)).await?;
-    let token = user_token(&info)?;
+    let token = os.user_token()?;
     let api = networks_api(&client, &ns.name);
 
     // Create.
@@ -261,12 +164,12 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
         is_ready_for,
     )
     .await?;
-    let nets = tagged(&info, &token, &uid)?;
+    let nets = tagged(os, &token, &uid)?;
     assert_eq!(nets.len(), 1, "{nets:?}");
     let net_id = nets[0]["id"].as_str().context("id")?.to_string();
     assert_eq!(n.data["status"]["networkId"], json!(net_id));
     assert_eq!(nets[0]["name"], json!(format!("{}/blue", ns.name)));
-    let subs = subnets(&info, &token, &net_id)?;
+    let subs = subnets(os, &token, &net_id)?;
     assert_eq!(subs.len(), 1);
     assert_eq!(subs[0]["cidr"], "10.20.0.0/24");
     assert_eq!(subs[0]["gateway_ip"], "10.20.0.1");
@@ -311,7 +214,7 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
         is_ready_for,
     )
     .await?;
-    let subs = subnets(&info, &token, &net_id)?;
+    let subs = subnets(os, &token, &net_id)?;
     assert_eq!(subs.len(), 1);
     assert_eq!(subs[0]["gateway_ip"], "10.20.0.100");
     let pools = &subs[0]["allocation_pools"];
@@ -336,11 +239,11 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
         is_ready_for,
     )
     .await?;
-    let subs = subnets(&info, &token, &net_id)?;
+    let subs = subnets(os, &token, &net_id)?;
     assert_eq!(subs.len(), 1, "{subs:?}");
     assert_eq!(subs[0]["cidr"], "10.21.0.0/16");
     assert_eq!(n.data["status"]["subnetId"], subs[0]["id"]);
-    assert_eq!(tagged(&info, &token, &uid)?.len(), 1);
+    assert_eq!(tagged(os, &token, &uid)?.len(), 1);
     let writes_after = os
         .neutron_requests()?
         .iter()
@@ -427,14 +330,14 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
         Ok(api.get_opt("blue").await?.is_none().then_some(()))
     })
     .await?;
-    assert!(tagged(&info, &token, &uid)?.is_empty());
+    assert!(tagged(os, &token, &uid)?.is_empty());
     let gone = http(
         &format!("{}/v2.0/networks/{net_id}", info.neutron_url),
         "GET",
         Some(&token),
         None,
     )?;
-    assert_eq!(gone.0, 404);
+    assert_eq!(gone.status, 404);
 
     // One token per worker instance, not one per reconcile.
     let reconciles = metric(
@@ -470,7 +373,7 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
     let ns = env.namespace("net-faults").await?;
     let dir = temp_dir("network-faults")?;
     install_network(&dir, &info, &ns.name, &client).await?;
-    let token = user_token(&info)?;
+    let token = os.user_token()?;
     let api = networks_api(&client, &ns.name);
 
     // Host down: a Network exists, and its network was created in Neutron just before a crash.
@@ -481,7 +384,7 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
         )
         .await?;
     let uid = created.metadata.uid.clone().context("uid")?;
-    let (status, _, body) = http(
+    let answer = http(
         &format!("{}/v2.0/networks", info.neutron_url),
         "POST",
         Some(&token),
@@ -491,8 +394,11 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
             "description": format!("k8s-uid-{uid}"),
         }})),
     )?;
-    assert_eq!(status, 201, "{body}");
-    let orphan = body["network"]["id"].as_str().context("id")?.to_string();
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    let orphan = answer.body["network"]["id"]
+        .as_str()
+        .context("id")?
+        .to_string();
 
     let manager = start_manager(network_config(&dir)).await?;
     let n = wait_network(
@@ -503,15 +409,15 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
         is_ready_for,
     )
     .await?;
-    let nets = tagged(&info, &token, &uid)?;
-    let all = neutron_get(&info, &token, "networks")?;
+    let nets = tagged(os, &token, &uid)?;
+    let all = os.neutron_get(&token, "networks")?;
     assert_eq!(nets.len(), 1, "one network, tagged: {nets:?}; all: {all}");
     assert_eq!(
         n.data["status"]["networkId"],
         json!(orphan),
         "the existing network was adopted"
     );
-    assert_eq!(subnets(&info, &token, &orphan)?.len(), 1);
+    assert_eq!(subnets(os, &token, &orphan)?.len(), 1);
 
     // Neutron down for a minute while a Network is created: Synced=False, then Ready after.
     os.stop_neutron()?;
@@ -546,7 +452,7 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
         returned.elapsed()
     );
     let amber_uid = amber.metadata.uid.clone().context("uid")?;
-    assert_eq!(tagged(&info, &token, &amber_uid)?.len(), 1);
+    assert_eq!(tagged(os, &token, &amber_uid)?.len(), 1);
 
     // Host down while a Network is deleted: the finalizer holds it; the returning host cleans up.
     manager.stop().await;
@@ -556,14 +462,14 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
         api.get_opt("green").await?.is_some(),
         "the finalizer holds it while the host is down"
     );
-    assert_eq!(tagged(&info, &token, &uid)?.len(), 1);
+    assert_eq!(tagged(os, &token, &uid)?.len(), 1);
     let manager = start_manager(network_config(&dir)).await?;
     eventually("green gone", Duration::from_secs(60), || async {
         Ok(api.get_opt("green").await?.is_none().then_some(()))
     })
     .await?;
     assert!(
-        tagged(&info, &token, &uid)?.is_empty(),
+        tagged(os, &token, &uid)?.is_empty(),
         "its Neutron network was deleted"
     );
     manager.stop().await;

@@ -6,10 +6,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use wasm_controller_manager::app::Manager;
+use wasm_controller_manager::app::{Manager, RunConfig};
 use wasm_controller_manager::cluster::discovery::Discovery;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::cluster::services::BudgetSettings;
+use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::loading::rbac;
+use wasm_controller_manager::sandbox::Limits;
 
 /// utime+stime of this process, seconds.
 pub fn cpu_seconds() -> f64 {
@@ -153,4 +156,35 @@ pub fn diff_histogram(before: &str, after: &str, name: &str) -> String {
         .into_iter()
         .map(|(series, v)| format!("{series} {}\n", v - b.get(&series).copied().unwrap_or(0.0)))
         .collect()
+}
+
+/// The host's settings in the benchmarks: the CLI's defaults, without an HTTP server or a per-plugin
+/// API budget (the benchmarks measure the engine, not that budget).
+pub fn bench_config(dir: &Path) -> RunConfig {
+    RunConfig {
+        kubeconfig: None,
+        plugins_dir: dir.to_path_buf(),
+        compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
+        metrics_addr: None,
+        kube_qps: 50.0,
+        kube_burst: 100,
+        api_timeout: Duration::from_secs(30),
+        default_workers: 2,
+        limits: Limits::default(),
+        max_instances: 64,
+        max_plugin_bytes: 64 << 20,
+        rescan: Duration::from_secs(30),
+        allowed_hosts: vec![],
+        event_qps: 20.0,
+        event_burst: 50,
+        identity: IdentitySettings::default(),
+        budgets: BudgetSettings {
+            api_qps: 0.0,
+            ..BudgetSettings::default()
+        },
+        max_workers_per_plugin: 16,
+        wait_retry: Duration::from_secs(1),
+        sync_timeout: Duration::from_secs(30),
+        rate_limits: RateLimits::default(),
+    }
 }

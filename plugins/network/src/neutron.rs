@@ -75,7 +75,10 @@ impl Failure {
     }
 
     fn neutron(error: HttpError) -> Failure {
-        let reason = if error.is_retryable() {
+        let reason = if error.status() == Some(401) {
+            // Even a fresh token was refused.
+            "AuthenticationFailed"
+        } else if error.is_retryable() {
             "NeutronUnavailable"
         } else {
             "NeutronRejected"

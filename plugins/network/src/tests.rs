@@ -18,6 +18,8 @@ struct Cloud {
     subnets: Vec<Value>,
     tokens: usize,
     next: usize,
+    /// Neutron answers 401 to this token (revoked, or expired early).
+    revoked: Option<String>,
 }
 
 fn host() -> (MockHost, Rc<RefCell<Cloud>>) {
@@ -37,13 +39,22 @@ fn answer(c: &mut Cloud, req: &HttpRequest) -> HttpResponse {
     let path = req.path_and_query().to_string();
     if path == "/v3/auth/tokens" {
         c.tokens += 1;
+        let token = if c.tokens == 1 {
+            "tok".to_string()
+        } else {
+            format!("tok-{}", c.tokens)
+        };
         return HttpResponse::json(
             201,
             &json!({"token": {"expires_at": "2999-01-01T00:00:00Z"}}),
         )
-        .with_header("X-Subject-Token", "tok");
+        .with_header("X-Subject-Token", &token);
     }
-    assert_eq!(req.header("x-auth-token"), Some("tok"));
+    let token = req.header("x-auth-token").unwrap_or_default();
+    assert!(token.starts_with("tok"), "{token}");
+    if c.revoked.as_deref() == Some(token) {
+        return HttpResponse::new(401);
+    }
     let body: Value = req.body_json().unwrap_or(Value::Null);
     c.next += 1;
     let id = format!("id-{}", c.next);
@@ -242,6 +253,56 @@ fn one_token_serves_many_reconciles() {
         run(&host).expect("synced");
     }
     assert_eq!(cloud.borrow().tokens, 1);
+}
+
+#[test]
+fn a_refused_token_is_replaced_once() {
+    let (host, cloud) = host();
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    run(&host).expect("synced");
+    // The cached token stops working (revoked): one new token, the call retried, all well.
+    cloud.borrow_mut().revoked = Some("tok".into());
+    host.sync_cache().clear_records();
+    run(&host).expect("synced with a new token");
+    assert_eq!(
+        cloud.borrow().tokens,
+        2,
+        "{:?}",
+        host.http_requests()
+            .iter()
+            .map(|r| (
+                r.method,
+                r.url.clone(),
+                r.header("x-auth-token").map(str::to_string)
+            ))
+            .collect::<Vec<_>>()
+    );
+    // A new token refused too: no loop, one retry only, and a retryable error.
+    cloud.borrow_mut().revoked = Some("tok-2".into());
+    let mut c = cloud.borrow_mut();
+    c.tokens = 2;
+    drop(c);
+    let before = host.http_requests().len();
+    let err = {
+        // Every token from now on is refused.
+        let c2 = cloud.clone();
+        host.on_http(move |req: &HttpRequest| {
+            let mut c = c2.borrow_mut();
+            if req.path_and_query() == "/v3/auth/tokens" {
+                c.tokens += 1;
+                return Ok(HttpResponse::json(201, &json!({"token": {}}))
+                    .with_header("X-Subject-Token", "bad"));
+            }
+            Ok(HttpResponse::new(401))
+        });
+        run(&host).expect_err("Neutron refuses every token")
+    };
+    assert!(!err.is_terminal(), "{err}");
+    let sent = host.http_requests().len() - before;
+    assert!(
+        sent <= 4,
+        "one new token and one retry, not a loop: {sent} requests"
+    );
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod control;
 pub mod crds;
 mod namespace;
 pub mod openstack;
+pub mod openstack_api;
 
 use std::path::{Path, PathBuf};
 

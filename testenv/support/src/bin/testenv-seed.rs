@@ -9,8 +9,8 @@
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
