@@ -112,7 +112,16 @@ impl Action {
         }
     }
 
-    /// The requeue delay, if any.
+    /// Reconciled, but not finished (waiting for something to settle): look again soon. The host
+    /// applies the key's backoff (as for `Requeue: true` in controller-runtime), so a plugin that
+    /// always asks for this does not spin; unlike an error, nothing is logged as a failure.
+    pub fn requeue_now() -> Self {
+        Action {
+            requeue_after: Some(Duration::ZERO),
+        }
+    }
+
+    /// The requeue delay, if any (zero: [`Action::requeue_now`]).
     pub fn requeue_after(&self) -> Option<Duration> {
         self.requeue_after
     }

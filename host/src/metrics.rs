@@ -3,7 +3,7 @@
 //! plugin's name; plus `wcm_*` for what is particular to wasm plugins.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -73,6 +73,8 @@ type CtrlHist = Family<Ctrl, Histogram, fn() -> Histogram>;
 pub struct Metrics {
     registry: std::sync::Mutex<Registry>,
     queue_depth: Family<Name, Gauge>,
+    unfinished_work: Family<Name, Gauge<f64, AtomicU64>>,
+    longest_running: Family<Name, Gauge<f64, AtomicU64>>,
     queue_adds: Family<Name, Counter>,
     queue_retries: Family<Name, Counter>,
     queue_duration: Hist,
@@ -84,6 +86,8 @@ pub struct Metrics {
     active_workers: Family<Ctrl, Gauge>,
     terminal_errors: Family<Ctrl, Counter>,
     changes_filtered: Family<Ctrl, Counter>,
+    worker_panics: Family<Ctrl, Counter>,
+    instances: Family<Name, Counter>,
     plugin_failures: Family<PluginReason, Counter>,
     forbidden: Family<Forbidden, Counter>,
     invalid: Family<PluginCall, Counter>,
@@ -99,6 +103,8 @@ impl Metrics {
         let mut r = Registry::default();
         let m = Metrics {
             queue_depth: Family::default(),
+            unfinished_work: Family::default(),
+            longest_running: Family::default(),
             queue_adds: Family::default(),
             queue_retries: Family::default(),
             queue_duration: Family::new_with_constructor(latency_histogram),
@@ -110,6 +116,8 @@ impl Metrics {
             active_workers: Family::default(),
             terminal_errors: Family::default(),
             changes_filtered: Family::default(),
+            worker_panics: Family::default(),
+            instances: Family::default(),
             plugin_failures: Family::default(),
             forbidden: Family::default(),
             invalid: Family::default(),
@@ -124,6 +132,16 @@ impl Metrics {
             "workqueue_depth",
             "Current depth of the work queue",
             m.queue_depth.clone(),
+        );
+        r.register(
+            "workqueue_unfinished_work_seconds",
+            "Seconds of work in progress not yet observed by work_duration (large values: stuck workers)",
+            m.unfinished_work.clone(),
+        );
+        r.register(
+            "workqueue_longest_running_processor_seconds",
+            "Seconds the longest-running processor of the queue has been running",
+            m.longest_running.clone(),
         );
         r.register(
             "workqueue_adds",
@@ -169,6 +187,16 @@ impl Metrics {
             "controller_runtime_active_workers",
             "Number of currently used workers per controller",
             m.active_workers.clone(),
+        );
+        r.register(
+            "wcm_plugin_instances",
+            "Instances made of a plugin (one per call by default; once per worker with isolation = \"worker\")",
+            m.instances.clone(),
+        );
+        r.register(
+            "wcm_worker_panics",
+            "Reconciles during which the host panicked; the key was retried and the worker went on",
+            m.worker_panics.clone(),
         );
         r.register(
             "wcm_changes_filtered",
@@ -251,6 +279,31 @@ impl Metrics {
 
     pub fn change_filtered(&self, plugin: &str) {
         self.changes_filtered.get_or_create(&ctrl(plugin)).inc();
+    }
+
+    /// The queue's work in progress (refreshed every half second, as client-go does).
+    pub fn unfinished_work(&self, plugin: &str, (sum, longest): (f64, f64)) {
+        let name = Name {
+            name: plugin.to_string(),
+        };
+        self.unfinished_work.get_or_create(&name).set(sum);
+        self.longest_running.get_or_create(&name).set(longest);
+    }
+
+    pub fn instantiated(&self, plugin: &str) {
+        self.instances
+            .get_or_create(&Name {
+                name: plugin.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn worker_panic(&self, plugin: &str) {
+        self.worker_panics.get_or_create(&ctrl(plugin)).inc();
+    }
+
+    pub fn reset_active_workers(&self, plugin: &str) {
+        self.active_workers.get_or_create(&ctrl(plugin)).set(0);
     }
 
     pub fn active_workers(&self, plugin: &str, delta: i64) {

@@ -163,12 +163,16 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
         "wcm_plugin_call_failures_total",
         &[("plugin", "panicker")],
     );
-    let keys = metric(&manager, "workqueue_adds_total", &[("name", "panicker")]);
+    let retries = metric(&manager, "workqueue_retries_total", &[("name", "panicker")]);
     assert!(
         panics < 60.0,
         "panicker retried {panics} times: no backoff?"
     );
-    assert!(keys >= 1.0);
+    assert!(panics >= 2.0, "a trapping call is retried: {panics} calls");
+    assert!(
+        retries >= 1.0 && retries <= panics,
+        "each retry goes through the rate limiter: {retries} retries for {panics} failed calls"
+    );
 
     // The warm well-behaved instance reconciled many keys through one instance per worker.
     let warm_ok = metric(
@@ -176,9 +180,19 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
         "controller_runtime_reconcile_total",
         &[("controller", "well-behaved-warm"), ("result", "success")],
     );
+    let warm_instances = metric(
+        &manager,
+        "wcm_plugin_instances_total",
+        &[("name", "well-behaved-warm")],
+    );
     assert!(
         warm_ok >= 2.0,
         "well-behaved-warm reconciled {warm_ok} times"
+    );
+    // Reused: fewer instances than calls (one per worker at most, none lost to a failure).
+    assert!(
+        warm_instances >= 1.0 && warm_instances < warm_ok,
+        "{warm_instances} instances for {warm_ok} reconciles: not reused"
     );
     // The host and the well-behaved plugin still work after all of that.
     cms.create(&PostParams::default(), &cm("c2", "after"))

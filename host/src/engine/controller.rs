@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::sync::RwLock;
 use tokio::task::JoinHandle;
 
@@ -232,6 +233,16 @@ impl Controller {
                 }
             }));
         }
+        {
+            let (q, metrics, plugin) = (queue.clone(), parts.metrics.clone(), name.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                loop {
+                    tick.tick().await;
+                    metrics.unfinished_work(&plugin, q.unfinished_work());
+                }
+            }));
+        }
         let version = Arc::new(RwLock::new(Arc::new(version)));
         parts.metrics.workers(&name, workers);
         for _ in 0..workers.max(1) {
@@ -319,6 +330,9 @@ impl Controller {
             t.abort();
         }
         self.metrics.workers(&self.name, 0);
+        // A worker aborted while waiting for its call's turn never counted itself out.
+        self.metrics.reset_active_workers(&self.name);
+        self.metrics.unfinished_work(&self.name, (0.0, 0.0));
         tracing::info!(plugin = %self.name, "controller stopped");
         drop(self.informers);
     }
@@ -385,8 +399,18 @@ impl Worker {
         let mut warm: (Option<Warm>, u64) = (None, 0);
         while let Some(key) = self.queue.get().await {
             self.metrics.active_workers(&self.name, 1);
-            self.process(&key, &mut warm).await;
+            let outcome = std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
+                .catch_unwind()
+                .await;
             self.metrics.active_workers(&self.name, -1);
+            if outcome.is_err() {
+                // A bug on the host's side of this call: the worker carries on (with a fresh
+                // instance), and the key is retried with backoff instead of staying in flight.
+                warm = (None, 0);
+                self.metrics.worker_panic(&self.name);
+                tracing::error!(plugin = %self.name, %key, "a worker panicked while reconciling; the key is retried");
+                self.queue.add_rate_limited(key.clone());
+            }
             self.queue.done(&key);
         }
     }
@@ -433,6 +457,12 @@ impl Worker {
             Ok(Ok(Action::Done)) => {
                 self.queue.forget(key);
                 self.metrics.reconciled(&self.name, "success", took);
+            }
+            // Requeue now (controller-runtime's `Requeue: true`): again soon, with the key's
+            // backoff, so a plugin that always asks for it cannot spin.
+            Ok(Ok(Action::RequeueAfter(0))) => {
+                self.queue.add_rate_limited(key.clone());
+                self.metrics.reconciled(&self.name, "requeue", took);
             }
             Ok(Ok(Action::RequeueAfter(ms))) => {
                 self.queue.forget(key);

@@ -266,6 +266,9 @@ impl Runtime {
         services.budgets.cpu_turn().await;
         let _permit = services.instance_permit().await;
         let mut store = self.new_store(services.clone(), limits);
+        if let Some(m) = services.metrics() {
+            m.instantiated(&plugin_name);
+        }
         let wall = limits.wall_timeout;
         let clock = store.data().clock.clone();
         let result = tokio::time::timeout(
@@ -307,6 +310,9 @@ impl Runtime {
             None => {
                 let permit = services.instance_permit().await;
                 let mut store = self.new_store(services.clone(), limits);
+                if let Some(m) = services.metrics() {
+                    m.instantiated(&plugin_name);
+                }
                 let plugin = compiled
                     .pre
                     .instantiate_async(&mut store)
