@@ -48,6 +48,17 @@ pub(crate) fn send(req: &HttpRequest) -> Result<HttpResponse, HttpError> {
             .append(name, &value.as_bytes().to_vec())
             .map_err(|e| invalid(format!("header {name:?}: {e:?}")))?;
     }
+    // A known length: without it the body would go chunked, which some servers (Apache mod_wsgi
+    // among them) refuse.
+    if !req
+        .headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+    {
+        headers
+            .append("content-length", &req.body.len().to_string().into_bytes())
+            .map_err(|e| invalid(format!("content-length: {e:?}")))?;
+    }
     let request = OutgoingRequest::new(headers);
     let method = match req.method {
         Method::Get => WasiMethod::Get,

@@ -40,6 +40,21 @@ fn subnets(os: &OpenStack, token: &str, network_id: &str) -> Result<Vec<Value>> 
     Ok(body["subnets"].as_array().cloned().unwrap_or_default())
 }
 
+/// The reasons of the events about the object `name`.
+async fn event_reasons(
+    events: &Api<k8s_openapi::api::events::v1::Event>,
+    name: &str,
+) -> Result<Vec<String>> {
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
 fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
     obj.data["status"]["conditions"]
         .as_array()?
@@ -134,7 +149,8 @@ async fn the_network_plugin_against_real_neutron_and_keystone() -> Result<()> {
     let os = OpenStack::start().await?;
     networks_follow_their_spec_in_neutron(&os).await?;
     restarts_and_outages_converge_without_duplicates(&os).await?;
-    rotated_credentials_are_picked_up_without_a_restart(&os).await
+    rotated_credentials_are_picked_up_without_a_restart(&os).await?;
+    a_host_killed_mid_burst_leaves_no_duplicates(&os).await
 }
 
 async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
@@ -304,20 +320,28 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(client.clone(), &ns.name);
     let reasons = eventually("the InvalidSpec event", Duration::from_secs(30), || async {
-        let reasons: Vec<String> = events
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad-gw"))
-            .filter_map(|e| e.reason)
-            .collect();
+        let reasons = event_reasons(&events, "bad-gw").await?;
         Ok(reasons
             .iter()
             .any(|r| r == "InvalidSpec")
             .then_some(reasons))
     })
     .await?;
+    // Not retried: an invalid spec is not reconciled again until it changes.
+    let reconciles = |m: &Manager| {
+        metric(
+            m,
+            "controller_runtime_reconcile_total",
+            &[("controller", "network")],
+        )
+    };
+    let quiet_from = reconciles(&manager);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        reconciles(&manager),
+        quiet_from,
+        "reconciles while nothing changed"
+    );
     assert_eq!(
         reasons.iter().filter(|r| *r == "InvalidSpec").count(),
         1,
@@ -330,6 +354,26 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
         Ok(api.get_opt("blue").await?.is_none().then_some(()))
     })
     .await?;
+    // Each step said what it did.
+    let wanted = [
+        "NetworkCreated",
+        "SubnetCreated",
+        "GatewayChanged",
+        "SubnetReplaced",
+        "NetworkDeleted",
+    ];
+    eventually("blue's events", Duration::from_secs(30), || async {
+        let reasons = event_reasons(&events, "blue").await?;
+        Ok(wanted
+            .iter()
+            .all(|w| reasons.iter().any(|r| r == w))
+            .then_some(()))
+    })
+    .await
+    .context(format!(
+        "events of blue: {:?}",
+        event_reasons(&events, "blue").await.ok()
+    ))?;
     assert!(tagged(os, &token, &uid)?.is_empty());
     let gone = http(
         &format!("{}/v2.0/networks/{net_id}", info.neutron_url),
@@ -528,5 +572,108 @@ async fn rotated_credentials_are_picked_up_without_a_restart(os: &OpenStack) -> 
     )
     .await?;
     manager.stop().await;
+    Ok(())
+}
+
+/// The real binary, killed with SIGKILL while it is creating Networks in Neutron, then started
+/// again: every Network ends with exactly one Neutron network, tagged, with exactly one subnet.
+async fn a_host_killed_mid_burst_leaves_no_duplicates(os: &OpenStack) -> Result<()> {
+    const N: usize = 30;
+    let info = os.info().clone();
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("net-kill").await?;
+    let dir = temp_dir("network-kill")?;
+    install_network(&dir, &info, &ns.name, &client).await?;
+    grant_dir(&dir).await?;
+    let token = os.user_token()?;
+    let api = networks_api(&client, &ns.name);
+    let mut uids = Vec::new();
+    for i in 0..N {
+        let n = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(network(
+                    &format!("k{i}"),
+                    &format!("10.70.{i}.0/24"),
+                    &format!("10.70.{i}.1"),
+                ))?,
+            )
+            .await?;
+        uids.push(n.metadata.uid.context("uid")?);
+    }
+    let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--plugins-dir")
+            .arg(&dir)
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+    };
+    let creates = |os: &OpenStack| -> Result<usize> {
+        Ok(os
+            .neutron_requests()?
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == "/v2.0/networks")
+            .count())
+    };
+    let before = creates(os)?;
+    let mut first = spawn()?;
+    eventually(
+        "the first host creating networks",
+        Duration::from_secs(60),
+        || async { Ok((creates(os)? >= before + N / 3).then_some(())) },
+    )
+    .await?;
+    // SIGKILL: no cleanup, whatever was in flight stays half done.
+    first.kill()?;
+    first.wait()?;
+    let complete = |uid: &str| -> Result<bool> {
+        let nets = tagged(os, &token, uid)?;
+        Ok(nets.len() == 1
+            && subnets(os, &token, nets[0]["id"].as_str().unwrap_or_default())?.len() == 1)
+    };
+    let mut half_done = 0;
+    for uid in &uids {
+        if !complete(uid)? {
+            half_done += 1;
+        }
+    }
+    eprintln!("killed with {half_done} of {N} Networks not yet complete in Neutron");
+
+    let mut second = spawn()?;
+    let all_ready = eventually(
+        "every Network Ready after the restart",
+        Duration::from_secs(180),
+        || async {
+            let list = api.list(&Default::default()).await?;
+            Ok((list
+                .items
+                .iter()
+                .filter(|n| condition_is(n, "Ready", "True"))
+                .count()
+                == N)
+                .then_some(()))
+        },
+    )
+    .await;
+    second.kill()?;
+    second.wait()?;
+    all_ready?;
+    for uid in &uids {
+        let marker = format!("k8s-uid-{uid}");
+        let by_tag = tagged(os, &token, uid)?;
+        let by_description = os.neutron_get(&token, &format!("networks?description={marker}"))?;
+        let by_description = by_description["networks"].as_array().map_or(0, Vec::len);
+        assert_eq!(by_tag.len(), 1, "{uid}: {by_tag:?}");
+        assert_eq!(by_description, 1, "{uid}: a duplicate network");
+        let net_id = by_tag[0]["id"].as_str().context("id")?;
+        assert_eq!(subnets(os, &token, net_id)?.len(), 1, "{uid}: subnets");
+    }
     Ok(())
 }

@@ -9,7 +9,11 @@
 //!   makes no writes;
 //! - a spam filter per (plugin, object, reason) — a token bucket — bounds new events;
 //! - a full write queue drops the new event (counted), never blocks a reconcile;
-//! - failed writes are retried with backoff, a bounded number of times.
+//! - failed writes are retried with backoff, a bounded number of times, a few writes at once so
+//!   one slow write does not hold up the others; a create answered 409 (it reached the server
+//!   before a timeout) counts as written;
+//! - a series is one object, type, reason, action and plugin, as client-go keys it; a repeat with
+//!   another note joins the series (the API server keeps a written note as it is).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -54,6 +58,8 @@ pub struct EventSettings {
     /// A running series' count is written at most this often.
     pub series_flush: Duration,
     pub max_retries: u32,
+    /// Event writes in flight at once.
+    pub concurrent_writes: usize,
     /// Series and spam-filter buckets one plugin may have at once; beyond it its new events are
     /// dropped (and counted), so a plugin cannot grow the host's memory with distinct events.
     pub max_entries_per_plugin: usize,
@@ -72,6 +78,7 @@ impl Default for EventSettings {
             series_idle: Duration::from_secs(360),
             series_flush: Duration::from_secs(1800),
             max_retries: 12,
+            concurrent_writes: 8,
             max_entries_per_plugin: 2048,
             instance: hostname(),
         }
@@ -84,7 +91,36 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "wasm-controller-manager".into())
 }
 
-type SeriesKey = (Arc<str>, PluginEvent);
+/// What makes two events one series (client-go's key): the object, type, reason, action and the
+/// reporting controller (the plugin). The note is not part of it: a repeat updates the note.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct EventKey {
+    api_version: String,
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    uid: Option<String>,
+    warning: bool,
+    reason: String,
+    action: String,
+}
+
+impl EventKey {
+    fn of(e: &PluginEvent) -> EventKey {
+        EventKey {
+            api_version: e.api_version.clone(),
+            kind: e.kind.clone(),
+            namespace: e.namespace.clone(),
+            name: e.name.clone(),
+            uid: e.uid.clone(),
+            warning: e.warning,
+            reason: e.reason.clone(),
+            action: e.action.clone(),
+        }
+    }
+}
+
+type SeriesKey = (Arc<str>, EventKey);
 /// The spam filter's key: plugin, kind, namespace, name, reason.
 type SpamKey = (Arc<str>, String, String, String, String);
 
@@ -93,6 +129,8 @@ struct Series {
     namespace: String,
     /// Chosen when first seen, so repeats can refer to it before it is written.
     name: String,
+    /// The latest note: a create still waiting carries it (a written event's note is immutable).
+    note: String,
     count: i32,
     written_count: i32,
     created: bool,
@@ -136,10 +174,11 @@ impl EventSink {
         let now = Instant::now();
         let plugin: Arc<str> = plugin.into();
         let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (plugin.clone(), event);
+        let key = (plugin.clone(), EventKey::of(&event));
         if let Some(series) = st.series.get_mut(&key) {
             series.count += 1;
             series.last_seen = now;
+            series.note = event.note;
             // The first repeat of a written event makes it a series at once; a create still
             // waiting will carry the count itself.
             let enqueue = series.created && series.written_count < 2 && !series.queued;
@@ -161,6 +200,11 @@ impl EventSink {
             s.metrics.event_dropped(&plugin, "plugin_bookkeeping_full");
             return;
         }
+        // Checked before the spam filter, so a token is spent only on an event that is kept.
+        if st.pending.len() >= s.settings.queue {
+            s.metrics.event_dropped(&plugin, "queue_full");
+            return;
+        }
         let State {
             buckets, plugins, ..
         } = &mut *st;
@@ -172,15 +216,12 @@ impl EventSink {
             s.metrics.event_dropped(&plugin, "spam_filter");
             return;
         }
-        if st.pending.len() >= s.settings.queue {
-            s.metrics.event_dropped(&plugin, "queue_full");
-            return;
-        }
         let e = &key.1;
         let series = Series {
             namespace: e.namespace.clone().unwrap_or_else(|| "default".to_string()),
             // client-go's naming: the object's name and a unique time suffix.
             name: format!("{}.{:x}", e.name, unique_suffix()),
+            note: event.note,
             count: 1,
             written_count: 0,
             created: false,
@@ -203,7 +244,7 @@ fn admit(
     buckets: &mut HashMap<SpamKey, (f64, Instant)>,
     settings: &EventSettings,
     plugin: &Arc<str>,
-    e: &PluginEvent,
+    e: &EventKey,
     now: Instant,
 ) -> (bool, bool) {
     let key = (
@@ -296,8 +337,13 @@ fn count_entries(st: &State, plugin: &str) -> usize {
 
 impl Writer {
     async fn run(self) {
-        let s = &self.shared;
+        let s = self.shared.clone();
         let limiter = crate::engine::rate_limit::TokenBucket::new(s.settings.qps, s.settings.burst);
+        // Writes in flight at once: one slow or failing write (retried for up to a minute) holds
+        // one slot, and the other events keep flowing.
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            s.settings.concurrent_writes.max(1),
+        ));
         let period = Duration::from_secs(5).min(s.settings.series_idle);
         let mut last_housekeeping = Instant::now();
         loop {
@@ -313,22 +359,37 @@ impl Writer {
                 continue;
             };
             limiter.acquire().await;
-            let count = match &job {
-                Job::Create(e) => e.series.as_ref().map_or(1, |s| s.count),
-                Job::Series { count } => *count,
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
             };
-            let ok = self.write(&key.0, &namespace, &name, job).await;
-            let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(series) = st.series.get_mut(&key) {
-                series.queued = false;
-                if ok {
-                    series.created = true;
-                    series.written_count = count;
-                    series.last_flush = Instant::now();
-                } else if !series.created {
-                    // Never written: forget it, so a later occurrence starts afresh.
-                    st.series.remove(&key);
-                }
+            let writer = Writer { shared: s.clone() };
+            tokio::spawn(async move {
+                let count = match &job {
+                    Job::Create(e) => e.series.as_ref().map_or(1, |s| s.count),
+                    Job::Series { count, .. } => *count,
+                };
+                let ok = writer.write(&key.0, &namespace, &name, job).await;
+                writer.written(&key, ok, count);
+                drop(slot);
+            });
+        }
+    }
+
+    /// Records the outcome of a write of `key`'s series.
+    fn written(&self, key: &SeriesKey, ok: bool, count: i32) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(series) = st.series.get_mut(key) {
+            series.queued = false;
+            if ok {
+                series.created = true;
+                series.written_count = count;
+                series.last_flush = Instant::now();
+            } else if series.created {
+                // A count that could not be written is not tried again on every repeat.
+                series.written_count = series.written_count.max(count);
+            } else {
+                // Never written: forget it, so a later occurrence starts afresh.
+                st.series.remove(key);
             }
         }
     }
@@ -355,7 +416,7 @@ impl Writer {
 
     fn event(&self, (plugin, e): &SeriesKey, series: &Series) -> Event {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let note = crate::contract::validate::truncate(&e.note, 1024).to_string();
+        let note = crate::contract::validate::truncate(&series.note, 1024).to_string();
         Event {
             metadata: ObjectMeta {
                 name: Some(series.name.clone()),
@@ -407,6 +468,8 @@ impl Writer {
                         count: *count,
                         last_observed_time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
                     };
+                    // The API server keeps an event's note immutable: a series carries its first
+                    // note (as client-go's does), and only the count and time move.
                     let patch = serde_json::json!({ "series": series });
                     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                         .await
@@ -416,6 +479,11 @@ impl Writer {
             match result {
                 Ok(kind) => {
                     metrics.event_written(plugin, kind);
+                    return true;
+                }
+                // A create that timed out on our side but reached the server: it is written.
+                Err(kube::Error::Api(s)) if s.code == 409 && matches!(job, Job::Create(_)) => {
+                    metrics.event_written(plugin, "create");
                     return true;
                 }
                 // The namespace is going away, or the request is invalid: retrying cannot help.
@@ -547,9 +615,11 @@ mod tests {
         assert_eq!(s.pending(), 0, "a stopped plugin's writes go with it");
     }
 
-    fn count(sink: &EventSink, plugin: &str, e: PluginEvent) -> i32 {
+    fn series(sink: &EventSink, plugin: &str, e: &PluginEvent) -> (i32, String) {
         let st = sink.shared.state.lock().expect("lock");
-        st.series.get(&(plugin.into(), e)).map_or(0, |s| s.count)
+        st.series
+            .get(&(plugin.into(), EventKey::of(e)))
+            .map_or((0, String::new()), |s| (s.count, s.note.clone()))
     }
 
     #[tokio::test]
@@ -563,16 +633,27 @@ mod tests {
             1,
             "one create, whatever the repeats before it is written"
         );
-        assert_eq!(count(&s, "p", event("a", "pod count is 3")), 10);
+        assert_eq!(series(&s, "p", &event("a", "pod count is 3")).0, 10);
+        // Another note joins the series (client-go's key has no note) and becomes its note.
         s.record("p", event("a", "pod count is 4"));
-        assert_eq!(s.pending(), 2, "another note is another event");
+        assert_eq!(s.pending(), 1);
+        assert_eq!(
+            series(&s, "p", &event("a", "")),
+            (11, "pod count is 4".to_string())
+        );
+        let mut other = event("a", "pod count is 4");
+        other.action = "Recount".into();
+        s.record("p", other);
+        assert_eq!(s.pending(), 2, "another action is another series");
     }
 
     #[tokio::test]
     async fn the_spam_filter_bounds_new_events_per_object_and_reason() {
         let s = sink(1000);
         for i in 0..40 {
-            s.record("p", event("a", &format!("note {i}")));
+            let mut e = event("a", "note");
+            e.action = format!("action-{i}");
+            s.record("p", e);
         }
         assert_eq!(s.pending(), 25, "burst of 25 per object and reason");
         s.record("p", event("b", "note 0"));
@@ -589,6 +670,9 @@ mod tests {
         }
         assert_eq!(s.pending(), 3);
         assert_eq!(testenv_free_metric(&s, "queue_full"), 7.0);
+        // The dropped events spent no spam-filter tokens: their objects' buckets were never made.
+        let st = s.shared.state.lock().expect("lock");
+        assert_eq!(st.buckets.len(), 3, "a token was spent on a dropped event");
     }
 
     fn testenv_free_metric(s: &EventSink, reason: &str) -> f64 {

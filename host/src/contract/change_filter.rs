@@ -11,10 +11,13 @@
 //!   `resourceVersion`, `generation`, `managedFields`) is skipped: the plugin's own status writes
 //!   do not wake it again (Metacontroller's `ignoreStatusChanges`).
 //! - `generation`: an update is skipped unless `metadata.generation` changed, or the object's
-//!   deletion began or its finalizers changed (controller-runtime's `GenerationChangedPredicate`,
-//!   safe for finalizers). For kinds without `generation`, it acts as `ignore-status`.
+//!   deletion began, its finalizers or owner references changed, or it is another object of the same
+//!   name (another `uid`, seen as an update after a relist). Like controller-runtime's
+//!   `GenerationChangedPredicate`, made safe for finalizers and owner mappings. For kinds without
+//!   `generation`, it acts as `ignore-status`.
 //!
-//! Creations, deletions, relists and resyncs always pass.
+//! Creations, deletions and resyncs always pass; an object changed while a watch was down arrives
+//! as an update after the relist and is filtered like any other update.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -91,9 +94,15 @@ impl ChangeFilter {
                 if meta(&n, "generation").is_none() {
                     return differs_beyond_status(old, new);
                 }
-                ["generation", "deletionTimestamp", "finalizers"]
-                    .iter()
-                    .any(|f| meta(&o, f) != meta(&n, f))
+                [
+                    "generation",
+                    "deletionTimestamp",
+                    "finalizers",
+                    "ownerReferences",
+                    "uid",
+                ]
+                .iter()
+                .any(|f| meta(&o, f) != meta(&n, f))
             }
         }
     }

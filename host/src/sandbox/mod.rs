@@ -313,11 +313,26 @@ impl Runtime {
                 if let Some(m) = services.metrics() {
                     m.instantiated(&plugin_name);
                 }
-                let plugin = compiled
-                    .pre
-                    .instantiate_async(&mut store)
-                    .await
-                    .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+                // Metered and timed like a call: a start function that spins meets the deadline.
+                let clock = store.data().clock.clone();
+                let made = tokio::time::timeout(
+                    limits.wall_timeout,
+                    clock.meter(compiled.pre.instantiate_async(&mut store)),
+                )
+                .await;
+                let plugin = match made {
+                    Ok(Ok(p)) => p,
+                    Ok(Err(e)) => {
+                        let e = classify(e, limits);
+                        services.budgets.charge_cpu(store.data().guest_time());
+                        return Err(match e {
+                            CallError::Trap(t) => CallError::Instantiate(t),
+                            other => other,
+                        });
+                    }
+                    Err(_) => return Err(CallError::WallTimeout(limits.wall_timeout)),
+                };
+                services.budgets.charge_cpu(store.data().guest_time());
                 Warm {
                     store,
                     plugin,

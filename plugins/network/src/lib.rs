@@ -28,7 +28,7 @@ use wcm_sdk::prelude::*;
 use wcm_sdk::{Changes, describe_config};
 
 use crate::ip::Cidr;
-use crate::neutron::{Cloud, Credentials, Failure, Neutron};
+use crate::neutron::{Cloud, Credentials, Failure, Neutron, id_of};
 use crate::types::{Network, NetworkStatus};
 
 pub const FINALIZER: &str = "samplecrd.k8s.io/neutron";
@@ -142,7 +142,14 @@ fn write_status(api: &Api<Network>, n: &Network, status: NetworkStatus) -> Resul
         return Ok(());
     }
     let name = n.metadata.name.as_deref().unwrap_or_default();
-    api.patch_status(name, &Patch::Merge(json!({"status": status})))?;
+    let mut body = serde_json::to_value(&status)?;
+    // In a merge patch an absent field is left as it was: a cleared id must be written as null.
+    for field in ["networkId", "subnetId"] {
+        if body.get(field).is_none() {
+            body[field] = serde_json::Value::Null;
+        }
+    }
+    api.patch_status(name, &Patch::Merge(json!({ "status": body })))?;
     Ok(())
 }
 
@@ -159,9 +166,10 @@ fn apply(ctx: &Context, api: &Api<Network>, n: Network) -> Result<Action, Error>
     let (cidr, gateway) = match checked {
         Ok(v) => v,
         Err(why) => {
-            let was_invalid = status
+            // One Warning per distinct problem, not one per reconcile.
+            let already_said = status
                 .condition("Invalid")
-                .is_some_and(|c| c.status == "True");
+                .is_some_and(|c| c.status == "True" && c.message == why);
             status.set("Invalid", true, "InvalidSpec", &why, generation);
             status.set("Ready", false, "InvalidSpec", &why, generation);
             status.set(
@@ -172,7 +180,7 @@ fn apply(ctx: &Context, api: &Api<Network>, n: Network) -> Result<Action, Error>
                 generation,
             );
             write_status(api, &n, status)?;
-            if !was_invalid {
+            if !already_said {
                 ctx.recorder().publish(
                     &regarding(&n),
                     EventType::Warning,
@@ -209,6 +217,18 @@ fn apply(ctx: &Context, api: &Api<Network>, n: Network) -> Result<Action, Error>
         }
         Err(f) => {
             status.set("Synced", false, f.reason, &f.to_string(), generation);
+            // A spec change not carried out (or carried out halfway) is not Ready; a failure on a
+            // resync of an unchanged spec leaves Ready as the last sync found it.
+            let previous = n.status.as_ref().and_then(|s| s.observed_generation);
+            if previous != generation {
+                status.set(
+                    "Ready",
+                    false,
+                    f.reason,
+                    "the spec is not yet applied in Neutron",
+                    generation,
+                );
+            }
             // Best effort: the error below is what matters, and it is retried.
             let _ = write_status(api, &n, status);
             let retryable = f.error.is_retryable() || f.reason == "AuthenticationFailed";
@@ -223,8 +243,9 @@ fn apply(ctx: &Context, api: &Api<Network>, n: Network) -> Result<Action, Error>
                     "Sync",
                     &message,
                 );
-                // Neutron refused the request itself; a spec change is needed, but retry slowly
-                // in case the refusal came from a transient state.
+                // Neutron refused the request itself. Retried with the key's backoff in case the
+                // refusal came from a passing state (a quota, a conflict); the repeated Warning
+                // joins one event series.
                 Error::retryable(message)
             })
         }
@@ -271,16 +292,16 @@ fn sync(
         key(a).cmp(&key(b))
     });
     let network_id = match networks.first() {
-        Some(net) => net["id"].as_str().unwrap_or_default().to_string(),
+        Some(net) => id_of(net)?.to_string(),
         None => {
             let net = neutron.create_network(&name, &tag)?;
-            let id = net["id"].as_str().unwrap_or_default().to_string();
+            let id = id_of(&net)?.to_string();
             event("NetworkCreated", "Create", &format!("Neutron network {id}"));
             id
         }
     };
     for extra in networks.iter().skip(1) {
-        if let Some(id) = extra["id"].as_str() {
+        if let Ok(id) = id_of(extra) {
             delete_network(neutron, id)?;
             event(
                 "DuplicateRemoved",
@@ -296,11 +317,14 @@ fn sync(
     let wanted = cidr.to_string();
     let mut current = None;
     for s in &subnets {
-        let id = s["id"].as_str().unwrap_or_default();
+        let id = id_of(s)?;
         if s["cidr"].as_str() == Some(wanted.as_str()) && current.is_none() {
             current = Some(s.clone());
         } else {
             neutron.delete("subnets", id)?;
+            if status.subnet_id.as_deref() == Some(id) {
+                status.subnet_id = None;
+            }
             event(
                 "SubnetReplaced",
                 "Delete",
@@ -314,7 +338,7 @@ fn sync(
     let subnet_id = match current {
         None => {
             let s = neutron.create_subnet(&network_id, &name, &tag, cidr, &gateway.to_string())?;
-            let id = s["id"].as_str().unwrap_or_default().to_string();
+            let id = id_of(&s)?.to_string();
             event(
                 "SubnetCreated",
                 "Create",
@@ -323,7 +347,7 @@ fn sync(
             id
         }
         Some(s) => {
-            let id = s["id"].as_str().unwrap_or_default().to_string();
+            let id = id_of(&s)?.to_string();
             let current_gateway = s["gateway_ip"].as_str().and_then(|g| g.parse().ok());
             if current_gateway != Some(gateway) {
                 neutron.move_gateway(&id, gateway, &cidr.pools_without(gateway))?;
@@ -345,7 +369,7 @@ fn sync(
 
 fn delete_network(neutron: &Neutron, id: &str) -> Result<(), Failure> {
     for s in neutron.subnets_of(id)? {
-        if let Some(sid) = s["id"].as_str() {
+        if let Ok(sid) = id_of(&s) {
             neutron.delete("subnets", sid)?;
         }
     }
@@ -358,7 +382,7 @@ fn cleanup(ctx: &Context, n: &Network) -> Result<Action, Error> {
     let neutron = Neutron::new(ctx, &cloud);
     let result = neutron.networks_of(&tag).and_then(|networks| {
         for net in &networks {
-            if let Some(id) = net["id"].as_str() {
+            if let Ok(id) = id_of(net) {
                 delete_network(&neutron, id)?;
                 ctx.recorder().publish(
                     &regarding(n),

@@ -99,6 +99,23 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// The `id` of a Neutron object, checked before it goes into a path: a UUID's characters only.
+pub fn id_of(item: &Value) -> Result<&str, Failure> {
+    item["id"]
+        .as_str()
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= 64
+                && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        })
+        .ok_or_else(|| {
+            Failure::neutron(HttpError::new(
+                HttpErrorKind::Decode,
+                "Neutron returned an object without a usable id",
+            ))
+        })
+}
+
 pub struct Neutron<'a> {
     ctx: &'a Context,
     cloud: &'a Cloud,
@@ -229,10 +246,21 @@ impl<'a> Neutron<'a> {
         }
     }
 
+    /// A list, each item with a usable `id`. An answer without the list is an error, never
+    /// "nothing there" (which would create a duplicate).
     fn list(&self, path: &str, field: &str) -> Result<Vec<Value>, Failure> {
         let r = self.call(Method::Get, path, None)?;
         let body: Value = r.body_json().map_err(Failure::neutron)?;
-        Ok(body[field].as_array().cloned().unwrap_or_default())
+        let items = body[field].as_array().cloned().ok_or_else(|| {
+            Failure::neutron(HttpError::new(
+                HttpErrorKind::Decode,
+                format!("Neutron's answer to GET {path} has no {field:?} list"),
+            ))
+        })?;
+        for item in &items {
+            id_of(item)?;
+        }
+        Ok(items)
     }
 
     /// The networks of one object: those carrying `tag`, or else those whose description is the
@@ -246,9 +274,7 @@ impl<'a> Neutron<'a> {
         }
         let described = self.list(&format!("networks?description={tag}"), "networks")?;
         for net in &described {
-            if let Some(id) = net["id"].as_str() {
-                self.add_tag(id, tag)?;
-            }
+            self.add_tag(id_of(net)?, tag)?;
         }
         Ok(described)
     }
@@ -272,9 +298,7 @@ impl<'a> Neutron<'a> {
         )?;
         let body: Value = r.body_json().map_err(Failure::neutron)?;
         let network = body["network"].clone();
-        if let Some(id) = network["id"].as_str() {
-            self.add_tag(id, tag)?;
-        }
+        self.add_tag(id_of(&network)?, tag)?;
         Ok(network)
     }
 
@@ -303,7 +327,9 @@ impl<'a> Neutron<'a> {
             }})),
         )?;
         let body: Value = r.body_json().map_err(Failure::neutron)?;
-        Ok(body["subnet"].clone())
+        let subnet = body["subnet"].clone();
+        id_of(&subnet)?;
+        Ok(subnet)
     }
 
     /// Moves the gateway, with allocation pools that leave it out (Neutron refuses a gateway

@@ -20,6 +20,10 @@ struct Cloud {
     next: usize,
     /// Neutron answers 401 to this token (revoked, or expired early).
     revoked: Option<String>,
+    /// Subnet creates fail with 503 (Neutron going down mid-change).
+    subnet_creates_fail: bool,
+    /// Lists come back without their array.
+    lists_broken: bool,
 }
 
 fn host() -> (MockHost, Rc<RefCell<Cloud>>) {
@@ -56,8 +60,14 @@ fn answer(c: &mut Cloud, req: &HttpRequest) -> HttpResponse {
         return HttpResponse::new(401);
     }
     let body: Value = req.body_json().unwrap_or(Value::Null);
+    if c.subnet_creates_fail && req.method == Method::Post && path == "/v2.0/subnets" {
+        return HttpResponse::new(503);
+    }
+    if c.lists_broken && req.method == Method::Get {
+        return HttpResponse::json(200, &json!({}));
+    }
     c.next += 1;
-    let id = format!("id-{}", c.next);
+    let id = format!("{:08x}-0000-4000-8000-000000000000", c.next);
     match (req.method, path.as_str()) {
         (Method::Get, p) if p.starts_with("/v2.0/networks?tags=") => {
             let tag = &p["/v2.0/networks?tags=".len()..];
@@ -235,14 +245,64 @@ fn a_network_created_but_not_yet_tagged_is_adopted() {
     cloud
         .borrow_mut()
         .networks
-        .push(json!({"id": "orphan", "description": "k8s-uid-u-1", "tags": []}));
+        .push(json!({"id": "0000aaaa-0000-4000-8000-000000000000", "description": "k8s-uid-u-1", "tags": []}));
     seed(&host, "10.0.0.0/24", "10.0.0.1");
     run(&host).expect("synced");
     let c = cloud.borrow();
     assert_eq!(c.networks.len(), 1, "{:?}", c.networks);
     assert_eq!(c.networks[0]["tags"], json!(["k8s-uid-u-1"]));
     assert_eq!(c.subnets.len(), 1);
-    assert_eq!(c.subnets[0]["network_id"], "orphan");
+    assert_eq!(
+        c.subnets[0]["network_id"],
+        "0000aaaa-0000-4000-8000-000000000000"
+    );
+}
+
+#[test]
+fn a_spec_change_that_fails_halfway_is_not_ready() {
+    let (host, cloud) = host();
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    run(&host).expect("synced");
+    host.sync_cache();
+    cloud.borrow_mut().subnet_creates_fail = true;
+    let mut n: Network = host.object(Some("team"), "blue").expect("exists");
+    n.spec.cidr = "10.1.0.0/16".into();
+    n.spec.gateway = "10.1.0.1".into();
+    n.metadata.generation = Some(2);
+    let mut obj = serde_json::to_value(&n).expect("json");
+    obj["apiVersion"] = json!("samplecrd.k8s.io/v1");
+    obj["kind"] = json!("Network");
+    host.seed(&obj);
+    run(&host).expect_err("the new subnet could not be made");
+    let s = status(&host);
+    assert_eq!(
+        s.condition("Ready").map(|c| c.status.as_str()),
+        Some("False")
+    );
+    assert_eq!(
+        s.condition("Synced").map(|c| c.reason.as_str()),
+        Some("NeutronUnavailable")
+    );
+    assert_eq!(s.subnet_id, None, "the deleted subnet is not reported");
+    assert_eq!(cloud.borrow().subnets.len(), 0);
+    // Neutron back: the next try completes it.
+    cloud.borrow_mut().subnet_creates_fail = false;
+    host.sync_cache();
+    run(&host).expect("synced");
+    assert_eq!(
+        status(&host).condition("Ready").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    assert_eq!(cloud.borrow().subnets.len(), 1);
+}
+
+#[test]
+fn an_answer_without_its_list_never_creates_a_network() {
+    let (host, cloud) = host();
+    cloud.borrow_mut().lists_broken = true;
+    seed(&host, "10.0.0.0/24", "10.0.0.1");
+    run(&host).expect_err("no list, no decision");
+    assert!(cloud.borrow().networks.is_empty());
 }
 
 #[test]
