@@ -3,7 +3,8 @@
 //! handle goes, its watch stops.
 //!
 //! kube-runtime's `watcher` does the list+watch, relists on 410 Gone and reconnects with backoff;
-//! this module keeps the cache (objects stored once, as JSON) and fans changes out to subscribers.
+//! this module keeps the cache (objects stored once, as JSON) and fans changes out to subscribers,
+//! coalesced per object so a slow subscriber holds at most one change per object.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,9 +16,10 @@ use kube::core::{ApiResource, DynamicResourceScope};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::engine::cache::{CachedObject, Key, ObjectStore};
+use crate::engine::subscription::{self, Sender, Subscription};
 
 /// What selects the objects of one informer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -89,7 +91,7 @@ pub struct Informer {
 }
 
 struct Shared {
-    subscribers: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
+    subscribers: Mutex<Vec<Sender>>,
     synced: watch::Sender<bool>,
 }
 
@@ -115,10 +117,10 @@ impl Informer {
         *self.shared.synced.borrow()
     }
 
-    /// Changes from now on; objects already cached arrive first as `Applied` with no old object,
-    /// as client-go's AddEventHandler replays them.
-    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Change> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// Changes from now on, coalesced per object (`subscription.rs`); objects already cached
+    /// arrive first as `Applied` with no old object, as client-go's AddEventHandler replays them.
+    pub fn subscribe(&self) -> Subscription {
+        let (tx, rx) = subscription::channel();
         let mut subs = self
             .shared
             .subscribers
@@ -126,7 +128,7 @@ impl Informer {
             .unwrap_or_else(|p| p.into_inner());
         // Under the subscribers lock the store does not change (the watch task takes it too).
         for obj in self.store.all() {
-            let _ = tx.send(Change::Applied {
+            tx.send(Change::Applied {
                 old: None,
                 new: obj,
             });
@@ -262,9 +264,9 @@ async fn run<K>(
             Ok(Event::Delete(o)) => {
                 if let Some(obj) = o.into() {
                     observer.event(&key, "delete");
-                    let subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
                     let old = store.remove(&obj.key).unwrap_or(obj);
-                    broadcast(&subs, Change::Deleted { old });
+                    broadcast(&mut subs, Change::Deleted { old });
                 }
             }
             Err(e) => {
@@ -276,7 +278,7 @@ async fn run<K>(
 }
 
 fn apply(store: &ObjectStore, shared: &Shared, obj: Arc<CachedObject>) {
-    let subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+    let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
     let old = store.upsert(obj.clone());
     // The same resourceVersion again (a relist or a reconnect) is not a change.
     if old
@@ -285,7 +287,7 @@ fn apply(store: &ObjectStore, shared: &Shared, obj: Arc<CachedObject>) {
     {
         return;
     }
-    broadcast(&subs, Change::Applied { old, new: obj });
+    broadcast(&mut subs, Change::Applied { old, new: obj });
 }
 
 /// Makes the store equal to a fresh list: what changed is applied, what is gone is deleted.
@@ -305,19 +307,18 @@ fn replace_all(
     for obj in fresh.into_values() {
         apply(store, shared, obj);
     }
-    let subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+    let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
     for k in gone {
         if let Some(old) = store.remove(&k) {
             observer.event(key, "delete");
-            broadcast(&subs, Change::Deleted { old });
+            broadcast(&mut subs, Change::Deleted { old });
         }
     }
 }
 
-fn broadcast(subs: &[mpsc::UnboundedSender<Change>], change: Change) {
-    for s in subs {
-        let _ = s.send(change.clone());
-    }
+/// Delivers to every subscriber, and forgets those that are gone.
+fn broadcast(subs: &mut Vec<Sender>, change: Change) {
+    subs.retain(|s| s.send(change.clone()));
 }
 
 /// An object as the watch delivers it, turned into its cached form while it is decoded.

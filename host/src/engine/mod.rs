@@ -11,3 +11,4 @@ pub mod controller;
 pub mod informer;
 pub mod queue;
 pub mod rate_limit;
+pub mod subscription;

@@ -252,7 +252,13 @@ pub fn testenv_binary() -> Result<PathBuf> {
         );
         return Ok(bin);
     }
-    let script = repo_root().join("testenv/build.sh");
+    run_build_script("testenv/build.sh")
+}
+
+/// Runs a build script of this repository (its messages go to stderr) and returns the one path it
+/// prints.
+pub(crate) fn run_build_script(relative: &str) -> Result<PathBuf> {
+    let script = repo_root().join(relative);
     let out = std::process::Command::new("bash")
         .arg(&script)
         .stderr(std::process::Stdio::inherit())
@@ -265,10 +271,6 @@ pub fn testenv_binary() -> Result<PathBuf> {
         out.status
     );
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    anyhow::ensure!(
-        !path.is_empty(),
-        "{} printed no binary path",
-        script.display()
-    );
+    anyhow::ensure!(!path.is_empty(), "{} printed no path", script.display());
     Ok(PathBuf::from(path))
 }

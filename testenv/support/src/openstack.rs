@@ -403,21 +403,7 @@ pub fn prepared_dir() -> Result<PathBuf> {
         );
         return Ok(dir);
     }
-    let script = crate::repo_root().join("testenv/openstack/build.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("run {}", script.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{} failed ({}); see the message above",
-        script.display(),
-        out.status
-    );
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    anyhow::ensure!(!dir.is_empty(), "{} printed no directory", script.display());
-    Ok(PathBuf::from(dir))
+    crate::run_build_script("testenv/openstack/build.sh")
 }
 
 #[cfg(test)]
