@@ -158,12 +158,14 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
 
     // Retries back off: with a 200 ms base delay doubling, a few seconds allow only a handful.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // Retries first: a failure is counted before its retry, so this order cannot see more retries
+    // than failures however the two reads interleave with the next try.
+    let retries = metric(&manager, "workqueue_retries_total", &[("name", "panicker")]);
     let panics = metric(
         &manager,
         "wcm_plugin_call_failures_total",
         &[("plugin", "panicker")],
     );
-    let retries = metric(&manager, "workqueue_retries_total", &[("name", "panicker")]);
     assert!(
         panics < 60.0,
         "panicker retried {panics} times: no backoff?"
