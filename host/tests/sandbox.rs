@@ -156,6 +156,35 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
     )
     .await?;
 
+    // A terminal error is not retried; it is counted and said in a Warning event on the object.
+    let terminal = metric(
+        &manager,
+        "controller_runtime_terminal_reconcile_errors_total",
+        &[("controller", "undeclared-call")],
+    );
+    assert!(terminal >= 1.0, "terminal errors counted: {terminal}");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    eventually(
+        "a ReconcileFailed Warning on c1 from undeclared-call",
+        Duration::from_secs(30),
+        || async {
+            let found = events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("ReconcileFailed")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.reporting_controller.as_deref() == Some("undeclared-call")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("c1")
+                });
+            Ok(found.then_some(()))
+        },
+    )
+    .await?;
+
     // Retries back off: with a 200 ms base delay doubling, a few seconds allow only a handful.
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Retries first: a failure is counted before its retry, so this order cannot see more retries
@@ -171,6 +200,12 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
         "panicker retried {panics} times: no backoff?"
     );
     assert!(panics >= 2.0, "a trapping call is retried: {panics} calls");
+    let terminal_retries = metric(
+        &manager,
+        "workqueue_retries_total",
+        &[("name", "undeclared-call")],
+    );
+    assert_eq!(terminal_retries, 0.0, "a terminal error was retried");
     assert!(
         retries >= 1.0 && retries <= panics,
         "each retry goes through the rate limiter: {retries} retries for {panics} failed calls"
