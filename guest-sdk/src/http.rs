@@ -435,6 +435,13 @@ impl RequestBuilder {
     }
 }
 
+/// The `host[:port]` of an absolute `http`/`https` URL: what to declare with
+/// [`Description::outbound_host`](crate::Description::outbound_host) for an endpoint taken from the
+/// operator's settings. `None` for anything else.
+pub fn authority(url: &str) -> Option<&str> {
+    split_url(url).map(|(_, authority, _)| authority)
+}
+
 /// `(scheme, authority, path-and-query)` of an absolute `http`/`https` URL.
 pub(crate) fn split_url(url: &str) -> Option<(&str, &str, &str)> {
     let (scheme, rest) = url.split_once("://")?;

@@ -10,7 +10,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -39,41 +38,20 @@ async fn run() {
         .unwrap_or(200);
     let os = OpenStack::start().await.expect("Neutron and Keystone");
     os.unlimited_quota().expect("quota");
-    let info = os.info().clone();
     let env = testenv::TestEnv::shared().await.expect("test cluster");
     let client = env.client().await.expect("client");
     let ns = env.namespace("bench-net").await.expect("ns").name;
 
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "openstack"},
-        "stringData": {"id": info.application_credential_id, "secret": info.application_credential_secret},
-    }))
-    .expect("secret");
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create secret");
     let dir = std::env::temp_dir().join(format!("wcm-bench-network-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let host = |url: &str| {
-        url.trim_start_matches("http://")
-            .split('/')
-            .next()
-            .unwrap_or("")
-            .to_string()
-    };
-    std::fs::write(
-        dir.join("network.toml"),
-        format!(
-            "isolation = \"worker\"\nresync_seconds = {RESYNC_SECONDS}\nallowed_hosts = [\"{}\", \"{}\"]\n[config]\nkeystone-url = \"{}\"\nneutron-url = \"{}\"\n[secrets]\napplication-credential-id = \"{ns}/openstack/id\"\napplication-credential-secret = \"{ns}/openstack/secret\"\n",
-            host(&info.keystone_url),
-            host(&info.neutron_url),
-            info.keystone_url,
-            info.neutron_url
-        ),
+    os.configure_network_plugin(
+        &client,
+        &ns,
+        &dir,
+        &format!("resync_seconds = {RESYNC_SECONDS}\n"),
     )
-    .expect("settings");
+    .await
+    .expect("network plugin settings");
     std::fs::copy(artifact("network"), dir.join("network.wasm")).expect("copy network");
     let manager = Manager::start(bench_config(&dir), granted(env, &dir).await)
         .await

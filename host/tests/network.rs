@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use testenv::OpenStack;
 use testenv::openstack_api::http;
-use testenv::{OpenStack, OpenStackInfo};
 use wasm_controller_manager::app::Manager;
 
 fn networks_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
@@ -102,30 +102,11 @@ fn is_ready_for(n: &DynamicObject) -> bool {
 /// credentials in a Secret of `ns`.
 async fn install_network(
     dir: &Path,
-    os: &OpenStackInfo,
+    os: &OpenStack,
     ns: &str,
     client: &kube::Client,
 ) -> Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "openstack"},
-        "stringData": {"id": os.application_credential_id, "secret": os.application_credential_secret},
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
-    let authority = |url: &str| -> String {
-        let rest = url.trim_start_matches("http://");
-        rest.split('/').next().unwrap_or(rest).to_string()
-    };
-    std::fs::write(
-        dir.join("network.toml"),
-        format!(
-            "isolation = \"worker\"\nallowed_hosts = [\"{}\", \"{}\"]\n[config]\nkeystone-url = \"{}\"\nneutron-url = \"{}\"\n[secrets]\napplication-credential-id = \"{ns}/openstack/id\"\napplication-credential-secret = \"{ns}/openstack/secret\"\n",
-            authority(&os.keystone_url),
-            authority(&os.neutron_url),
-            os.keystone_url,
-            os.neutron_url,
-        ),
-    )?;
+    os.configure_network_plugin(client, ns, dir, "").await?;
     install(dir, "network", "network.wasm")?;
     Ok(())
 }
@@ -159,7 +140,7 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
     let client = env.client().await?;
     let ns = env.namespace("net").await?;
     let dir = temp_dir("network")?;
-    install_network(&dir, &info, &ns.name, &client).await?;
+    install_network(&dir, os, &ns.name, &client).await?;
     let manager = start_manager(network_config(&dir)).await?;
     let token = os.user_token()?;
     let api = networks_api(&client, &ns.name);
@@ -416,7 +397,7 @@ async fn restarts_and_outages_converge_without_duplicates(os: &OpenStack) -> Res
     let client = env.client().await?;
     let ns = env.namespace("net-faults").await?;
     let dir = temp_dir("network-faults")?;
-    install_network(&dir, &info, &ns.name, &client).await?;
+    install_network(&dir, os, &ns.name, &client).await?;
     let token = os.user_token()?;
     let api = networks_api(&client, &ns.name);
 
@@ -528,7 +509,7 @@ async fn rotated_credentials_are_picked_up_without_a_restart(os: &OpenStack) -> 
     let client = env.client().await?;
     let ns = env.namespace("net-creds").await?;
     let dir = temp_dir("network-creds")?;
-    install_network(&dir, &info, &ns.name, &client).await?;
+    install_network(&dir, os, &ns.name, &client).await?;
     let manager: Manager = start_manager(network_config(&dir)).await?;
     let api = networks_api(&client, &ns.name);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
@@ -579,12 +560,11 @@ async fn rotated_credentials_are_picked_up_without_a_restart(os: &OpenStack) -> 
 /// again: every Network ends with exactly one Neutron network, tagged, with exactly one subnet.
 async fn a_host_killed_mid_burst_leaves_no_duplicates(os: &OpenStack) -> Result<()> {
     const N: usize = 30;
-    let info = os.info().clone();
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let ns = env.namespace("net-kill").await?;
     let dir = temp_dir("network-kill")?;
-    install_network(&dir, &info, &ns.name, &client).await?;
+    install_network(&dir, os, &ns.name, &client).await?;
     grant_dir(&dir).await?;
     let token = os.user_token()?;
     let api = networks_api(&client, &ns.name);

@@ -834,6 +834,8 @@ impl PluginManager {
         identity: &PluginIdentity,
     ) -> Result<BTreeMap<String, String>, (ApiFailure, String)> {
         let mut out = BTreeMap::new();
+        // Several keys usually come from one Secret: each Secret is read once per resolve.
+        let mut read: HashMap<(String, String), Secret> = HashMap::new();
         for (key, reference) in &settings.secrets {
             let r = SecretRef::parse(reference).map_err(|e| {
                 (
@@ -841,17 +843,22 @@ impl PluginManager {
                     format!("secrets.{key}: {e}"),
                 )
             })?;
-            let api: Api<Secret> = Api::namespaced(identity.client().clone(), &r.namespace);
-            let secret = api.get(&r.name).await.map_err(|e| {
-                let f = ApiFailure::from_kube(e);
-                let m = format!(
-                    "secrets.{key}: read Secret {}/{} as {}: {} ({})",
-                    r.namespace, r.name, identity.username, f.message, f.reason
-                );
-                (f, m)
-            })?;
-            let value = secret
-                .data
+            let id = (r.namespace.clone(), r.name.clone());
+            if !read.contains_key(&id) {
+                let api: Api<Secret> = Api::namespaced(identity.client().clone(), &r.namespace);
+                let secret = api.get(&r.name).await.map_err(|e| {
+                    let f = ApiFailure::from_kube(e);
+                    let m = format!(
+                        "secrets.{key}: read Secret {}/{} as {}: {} ({})",
+                        r.namespace, r.name, identity.username, f.message, f.reason
+                    );
+                    (f, m)
+                })?;
+                read.insert(id.clone(), secret);
+            }
+            let value = read
+                .get(&id)
+                .and_then(|s| s.data.as_ref())
                 .and_then(|d| d.get(&r.key).cloned())
                 .ok_or_else(|| {
                     (

@@ -37,13 +37,6 @@ const RESYNC: Duration = Duration::from_secs(300);
 
 pub struct NetworkPlugin;
 
-/// The host part (`host` or `host:port`) of a configured URL, for the outbound allow-list.
-fn authority(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    Some(rest[..end].to_string()).filter(|a| !a.is_empty())
-}
-
 impl Reconciler for NetworkPlugin {
     fn describe() -> Description {
         let mut d = Description::new("network", env!("CARGO_PKG_VERSION"))
@@ -71,8 +64,10 @@ impl Reconciler for NetworkPlugin {
         }
         // Only the endpoints the operator configured: nothing is compiled in.
         for key in ["keystone-url", "neutron-url"] {
-            if let Some(host) = describe_config(key).as_deref().and_then(authority) {
-                d = d.outbound_host(&host);
+            if let Some(url) = describe_config(key)
+                && let Some(host) = wcm_sdk::http::authority(&url)
+            {
+                d = d.outbound_host(host);
             }
         }
         debug_assert_eq!(
@@ -231,11 +226,12 @@ fn apply(ctx: &Context, api: &Api<Network>, n: Network) -> Result<Action, Error>
             }
             // Best effort: the error below is what matters, and it is retried.
             let _ = write_status(api, &n, status);
-            let retryable = f.error.is_retryable() || f.reason == "AuthenticationFailed";
             let message = format!("{}: {}", f.reason, f.error);
-            Err(if retryable {
-                Error::retryable(message)
-            } else {
+            // Every failure is retried with the key's backoff: a refusal may come from a passing
+            // state (a quota, a conflict) and credentials may be fixed at any time. One Neutron
+            // itself refused is also said in a Warning (repeats join one event series).
+            let refused = !f.error.is_retryable() && f.reason != "AuthenticationFailed";
+            if refused {
                 ctx.recorder().publish(
                     &regarding(&n),
                     EventType::Warning,
@@ -243,11 +239,8 @@ fn apply(ctx: &Context, api: &Api<Network>, n: Network) -> Result<Action, Error>
                     "Sync",
                     &message,
                 );
-                // Neutron refused the request itself. Retried with the key's backoff in case the
-                // refusal came from a passing state (a quota, a conflict); the repeated Warning
-                // joins one event series.
-                Error::retryable(message)
-            })
+            }
+            Err(Error::retryable(message))
         }
     }
 }

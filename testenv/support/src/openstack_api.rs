@@ -137,6 +137,43 @@ impl OpenStack {
         Ok(a.body)
     }
 
+    /// Sets up the network plugin for this OpenStack in `plugins_dir`: its credentials in the
+    /// Secret `namespace/openstack` (application credential `id` and `secret`), and a
+    /// `network.toml` naming the endpoints, allowing their addresses and reading that Secret.
+    /// `extra` is put first (settings such as `resync_seconds = 20`, one per line).
+    pub async fn configure_network_plugin(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        plugins_dir: &std::path::Path,
+        extra: &str,
+    ) -> Result<()> {
+        use k8s_openapi::api::core::v1::Secret;
+        let i = self.info();
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "openstack"},
+            "stringData": {"id": i.application_credential_id, "secret": i.application_credential_secret},
+        }))?;
+        kube::Api::<Secret>::namespaced(client.clone(), namespace)
+            .create(&kube::api::PostParams::default(), &secret)
+            .await?;
+        let authority = |url: &str| -> String {
+            let rest = url.trim_start_matches("http://");
+            rest.split('/').next().unwrap_or(rest).to_string()
+        };
+        std::fs::write(
+            plugins_dir.join("network.toml"),
+            format!(
+                "{extra}isolation = \"worker\"\nallowed_hosts = [\"{}\", \"{}\"]\n[config]\nkeystone-url = \"{}\"\nneutron-url = \"{}\"\n[secrets]\napplication-credential-id = \"{namespace}/openstack/id\"\napplication-credential-secret = \"{namespace}/openstack/secret\"\n",
+                authority(&i.keystone_url),
+                authority(&i.neutron_url),
+                i.keystone_url,
+                i.neutron_url,
+            ),
+        )?;
+        Ok(())
+    }
+
     /// Lifts the project's Neutron quotas for networks and subnets (default: 100 each).
     pub fn unlimited_quota(&self) -> Result<()> {
         let admin = self.admin_token()?;
