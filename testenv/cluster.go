@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -314,6 +315,16 @@ func (c *cluster) killAPIServer() {
 }
 
 func (c *cluster) apiserverExited() <-chan error { return c.exited }
+
+// compactEtcd drops etcd's history before its current revision, as the apiserver's own periodic
+// compaction would, and returns that revision.
+func (c *cluster) compactEtcd(ctx context.Context) (int64, error) {
+	rev := c.etcd.Server.KV().Rev()
+	if _, err := c.etcd.Server.Compact(ctx, &etcdserverpb.CompactionRequest{Revision: rev, Physical: true}); err != nil {
+		return 0, fmt.Errorf("compact etcd at revision %d: %w", rev, err)
+	}
+	return rev, nil
+}
 
 // stop ends the apiserver gracefully (SIGTERM, then SIGKILL) and closes etcd.
 func (c *cluster) stop() {

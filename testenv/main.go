@@ -7,7 +7,9 @@
 //
 // Protocol: once ready, one JSON line {"event":"ready",...} is printed on stdout. With
 // --stdin-control, lines read from stdin are commands: "stop" kills the apiserver (SIGKILL, like a
-// crash), "start" starts it again on the same port, "quit" shuts down. EOF on stdin also shuts down,
+// crash), "start" starts it again on the same port, "compact" compacts etcd's history up to its
+// current revision (so a watch resumed from an older resourceVersion gets 410 Gone once the
+// apiserver's watch cache no longer holds it), "quit" shuts down. EOF on stdin also shuts down,
 // so a test process that dies never leaves a cluster behind.
 package main
 
@@ -47,7 +49,7 @@ func main() {
 	flag.IntVar(&o.port, "port", 0, "apiserver secure port on 127.0.0.1 (0: pick a free one)")
 	flag.IntVar(&o.etcdPort, "etcd-port", 0, "etcd client port on 127.0.0.1 (0: pick a free one)")
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 90*time.Second, "how long to wait for etcd and the apiserver /readyz")
-	flag.BoolVar(&o.stdinControl, "stdin-control", false, "read stop/start/quit commands from stdin; exit on EOF")
+	flag.BoolVar(&o.stdinControl, "stdin-control", false, "read stop/start/compact/quit commands from stdin; exit on EOF")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory on exit")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -125,9 +127,18 @@ func handleCommand(c *cluster, cmd string, timeout time.Duration) {
 			return
 		}
 		emit(c.readyEvent())
+	case "compact":
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		rev, err := c.compactEtcd(ctx)
+		if err != nil {
+			emit(map[string]any{"event": "error", "error": err.Error()})
+			return
+		}
+		emit(map[string]any{"event": "compacted", "revision": rev})
 	case "":
 	default:
-		emit(map[string]any{"event": "error", "error": fmt.Sprintf("unknown command %q (want stop, start or quit)", cmd)})
+		emit(map[string]any{"event": "error", "error": fmt.Sprintf("unknown command %q (want stop, start, compact or quit)", cmd)})
 	}
 }
 

@@ -56,7 +56,7 @@ impl<T: Serialize> Patch<T> {
 /// [`Context::api`](crate::Context::api) and its siblings.
 ///
 /// Every call goes to the API server through the host, which first checks it against the
-/// permissions the plugin declared (403 `Forbidden` otherwise). For reads that the informer cache
+/// permissions the plugin declared (403 `NotDeclared` otherwise). For reads that the informer cache
 /// can answer, prefer [`Context::cache`](crate::Context::cache): it costs no API request.
 pub struct Api<K: Resource> {
     host: Rc<dyn Host>,

@@ -37,7 +37,7 @@ pub struct Description {
     pub resync_seconds: Option<u32>,
     /// Concurrent reconciles (distinct keys); the operator may override it.
     pub workers: Option<u32>,
-    /// The API calls the plugin may make; anything else is refused with 403 `Forbidden`.
+    /// The API calls the plugin may make; anything else is refused with 403 `NotDeclared`.
     pub permissions: Vec<Permission>,
     /// Hosts (`host` or `host:port`) the plugin may reach over wasi:http, if the operator allows
     /// them too.
@@ -61,6 +61,25 @@ impl Description {
             "secondaries": secondaries.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
         });
         Some(("change-filters".to_string(), value.to_string()))
+    }
+
+    /// The `mappings` extension for [`Mapping::AnyOwner`] and [`Mapping::Label`], if any
+    /// secondary uses one.
+    pub fn mappings_extension(&self) -> Option<(String, String)> {
+        let entries: Vec<Value> = self
+            .secondaries
+            .iter()
+            .map(|s| match &s.mapping {
+                Mapping::AnyOwner => Value::from("any-owner"),
+                Mapping::Label(key) => serde_json::json!({ "label": key }),
+                _ => Value::Null,
+            })
+            .collect();
+        if entries.iter().all(Value::is_null) {
+            return None;
+        }
+        let value = serde_json::json!({ "secondaries": entries });
+        Some(("mappings".to_string(), value.to_string()))
     }
 
     /// A plugin called `name` (a DNS label), at `version` (`env!("CARGO_PKG_VERSION")` is handy).
@@ -163,6 +182,14 @@ impl Description {
             {
                 return Err(format!(
                     "secondary watch of {}: fixed key with an empty name",
+                    s.watch.kind
+                ));
+            }
+            if let Mapping::Label(key) = &s.mapping
+                && !label_key(key)
+            {
+                return Err(format!(
+                    "secondary watch of {}: {key:?} is not a label key",
                     s.watch.kind
                 ));
             }
@@ -308,12 +335,25 @@ pub enum Mapping {
     FixedKey(ObjectKey),
     /// The primary object with the same namespace and name (a Service → its Endpoints).
     SameKey,
+    /// Every owner reference that points at the primary kind, not only the controller one (a
+    /// ConfigMap owned by two Deployments wakes both). Carried in the `mappings` extension; a
+    /// host that predates it maps by the controller owner.
+    AnyOwner,
+    /// The value of this label names the primary object, in the object's namespace (for a
+    /// namespaced primary): `Mapping::Label("app.kubernetes.io/instance".into())`. An object
+    /// without the label maps to nothing. Carried in the `mappings` extension.
+    Label(String),
 }
 
 impl Mapping {
     /// [`Mapping::FixedKey`] of a cluster-scoped name.
     pub fn fixed_key(name: &str) -> Self {
         Mapping::FixedKey(ObjectKey::cluster(name))
+    }
+
+    /// [`Mapping::Label`].
+    pub fn label(key: &str) -> Self {
+        Mapping::Label(key.to_string())
     }
 }
 
@@ -372,5 +412,70 @@ impl Permission {
         self.group == group
             && (self.resource == resource || self.resource == "*")
             && self.verbs.iter().any(|v| v == verb || v == "*")
+    }
+}
+
+/// `[prefix/]name`: the prefix a DNS subdomain, the name 1–63 letters, digits and `-_.`, starting
+/// and ending with a letter or digit (the host checks the same).
+fn label_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let dns_label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let prefix_ok = prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(dns_label));
+    prefix_ok
+        && !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn with(mappings: Vec<Mapping>) -> Description {
+        mappings.into_iter().fold(
+            Description::new("p", "1").primary(Watch::of::<ConfigMap>()),
+            |d, m| d.secondary(Watch::of::<ConfigMap>(), m),
+        )
+    }
+
+    #[test]
+    fn extended_mappings_travel_in_their_extension() {
+        assert_eq!(with(vec![Mapping::SameKey]).mappings_extension(), None);
+        let d = with(vec![
+            Mapping::SameKey,
+            Mapping::AnyOwner,
+            Mapping::label("example.com/owner"),
+        ]);
+        assert_eq!(d.validate(), Ok(()));
+        let (key, value) = d.mappings_extension().expect("an extension");
+        assert_eq!(key, "mappings");
+        assert_eq!(
+            serde_json::from_str::<Value>(&value).expect("JSON"),
+            serde_json::json!({"secondaries": [null, "any-owner", {"label": "example.com/owner"}]})
+        );
+    }
+
+    #[test]
+    fn a_label_mapping_needs_a_label_key() {
+        for bad in ["", "a b", "-a", "Example.com/x", "x/", &"a".repeat(64)] {
+            let err = with(vec![Mapping::label(bad)]).validate().expect_err(bad);
+            assert!(err.contains("not a label key"), "{bad}: {err}");
+        }
+        assert_eq!(with(vec![Mapping::label("app")]).validate(), Ok(()));
     }
 }

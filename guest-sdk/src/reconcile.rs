@@ -130,9 +130,10 @@ impl Action {
 /// A failed reconcile. Retryable errors are retried with backoff (the next [`Request::attempt`]
 /// counts them); terminal ones are not retried: the host records a Warning event and a metric.
 ///
-/// From an [`ApiError`] (so `?` works on API calls): terminal for 400, 403, 405, 413, 415, 422
-/// and the SDK's own serialization errors, retryable for everything else (0 = no answer, 404, 409
-/// conflicts, 429, 5xx) — see [`ApiError::is_retryable`]. From a `serde_json::Error`: terminal (a
+/// From an [`ApiError`] (so `?` works on API calls): terminal for 400, 405, 413, 415, 422, a call
+/// the plugin never declared (403 `NotDeclared`) and the SDK's own serialization errors,
+/// retryable for everything else (0 = no answer, 403 from the API server, 404, 409 conflicts,
+/// 429, 5xx) — see [`ApiError::is_retryable`]. From a `serde_json::Error`: terminal (a
 /// body that does not parse will not parse next time either).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {

@@ -116,6 +116,9 @@ pub struct ApiError {
 impl ApiError {
     /// The `reason` of an error the SDK raises itself when (de)serializing an object fails.
     pub const SERIALIZATION: &'static str = "SerializationError";
+    /// `reason` of a 403 from the host itself: the plugin never declared this call in `describe`
+    /// (no request reached the API server; trying again cannot help until a new version declares it).
+    pub const NOT_DECLARED: &'static str = "NotDeclared";
 
     /// An error with the given code, reason and message.
     pub fn new(code: u16, reason: &str, message: &str) -> Self {
@@ -154,15 +157,17 @@ impl ApiError {
         self.code == 403
     }
 
-    /// Whether trying again later can help. Terminal: 400 BadRequest, 403 Forbidden,
-    /// 405 MethodNotAllowed, 413 RequestEntityTooLarge, 415 UnsupportedMediaType, 422 Invalid and
-    /// the SDK's serialization errors. Everything else is retryable: no answer (0), 404 (the cache
-    /// may lag behind the API server), 409 conflicts, 410, 429 and 5xx.
+    /// Whether trying again later can help. Terminal: 400 BadRequest, 405 MethodNotAllowed,
+    /// 413 RequestEntityTooLarge, 415 UnsupportedMediaType, 422 Invalid, a call the plugin never
+    /// declared (403 `NotDeclared`, refused by the host) and the SDK's serialization errors.
+    /// Everything else is retryable: no answer (0), 403 from the API server (a grant can come
+    /// later, and a restarted API server refuses for a moment until its RBAC cache has synced),
+    /// 404 (the cache may lag behind the API server), 409 conflicts, 410, 429 and 5xx.
     pub fn is_retryable(&self) -> bool {
-        if self.reason == Self::SERIALIZATION {
+        if self.reason == Self::SERIALIZATION || self.reason == Self::NOT_DECLARED {
             return false;
         }
-        !matches!(self.code, 400 | 403 | 405 | 413 | 415 | 422)
+        !matches!(self.code, 400 | 405 | 413 | 415 | 422)
     }
 }
 

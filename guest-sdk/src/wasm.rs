@@ -181,9 +181,12 @@ fn watch(w: Watch) -> wit::Watch {
 
 fn description(d: Description) -> wit::Description {
     let mut extensions = d.extensions.clone();
-    if let Some(filters) = d.change_filters_extension() {
-        extensions.retain(|(k, _)| *k != filters.0);
-        extensions.push(filters);
+    for derived in [d.change_filters_extension(), d.mappings_extension()]
+        .into_iter()
+        .flatten()
+    {
+        extensions.retain(|(k, _)| *k != derived.0);
+        extensions.push(derived);
     }
     wit::Description {
         name: d.name,
@@ -200,9 +203,11 @@ fn description(d: Description) -> wit::Description {
             .map(|s| wit::Secondary {
                 watch: watch(s.watch),
                 mapping: match s.mapping {
-                    Mapping::ControllerOwner => wit::Mapping::ControllerOwner,
+                    // The extended mappings travel in the `mappings` extension; the 0.1 field
+                    // holds what a host that predates it should do instead.
+                    Mapping::ControllerOwner | Mapping::AnyOwner => wit::Mapping::ControllerOwner,
                     Mapping::FixedKey(k) => wit::Mapping::FixedKey(key(&k)),
-                    Mapping::SameKey => wit::Mapping::SameKey,
+                    Mapping::SameKey | Mapping::Label(_) => wit::Mapping::SameKey,
                 },
             })
             .collect(),

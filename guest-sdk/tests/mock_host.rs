@@ -51,7 +51,7 @@ fn undeclared_calls_are_forbidden() {
     host.seed(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let ctx = host.context();
     let err = ctx.api::<Node>().get("n1").expect_err("not declared");
-    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert_eq!((err.code, err.reason.as_str()), (403, "NotDeclared"));
     assert!(err.message.contains("nodes"), "{err}");
     assert!(Error::from(err.clone()).is_terminal());
     // Declared: reaches the store (and is 404 there).

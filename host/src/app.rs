@@ -55,6 +55,7 @@ pub struct Manager {
     pub metrics: Arc<Metrics>,
     pub informers: Arc<Informers>,
     plugin_task: tokio::task::JoinHandle<()>,
+    crd_task: tokio::task::JoinHandle<()>,
     http_task: Option<tokio::task::JoinHandle<()>>,
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -108,6 +109,7 @@ impl Manager {
             },
             metrics.clone(),
         );
+        let crd_task = api.discovery().follow_crds();
         let parts = Arc::new(ControllerParts {
             runtime,
             informers: informers.clone(),
@@ -155,6 +157,7 @@ impl Manager {
             metrics,
             informers,
             plugin_task,
+            crd_task,
             http_task,
             metrics_addr,
         })
@@ -162,6 +165,7 @@ impl Manager {
 
     pub async fn stop(self) {
         self.plugin_task.abort();
+        self.crd_task.abort();
         if let Some(t) = self.http_task {
             t.abort();
         }

@@ -2,8 +2,9 @@
 //! `workqueue_*` (label `name`) and `controller_runtime_*` (label `controller`), both set to the
 //! plugin's name; plus `wcm_*` for what is particular to wasm plugins.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -96,6 +97,22 @@ pub struct Metrics {
     events_written: Family<PluginReason, Counter>,
     informer_events: Family<InformerLabels, Counter>,
     plugins_loaded: Gauge<i64, AtomicI64>,
+    /// The label sets beyond its name each plugin's series carry, noted when a series is made, so
+    /// [`Metrics::forget_plugin`] can remove every series of a removed plugin.
+    extra_labels: Mutex<HashMap<String, HashSet<Extra>>>,
+}
+
+/// A series' labels besides the plugin's name; each value is one of a fixed set of words, or a
+/// verb and resource the plugin declared.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum Extra {
+    Result(String),
+    Failure(String),
+    Forbidden(String, String),
+    Invalid(String),
+    Waiting(String),
+    Dropped(String),
+    Written(String),
 }
 
 impl Metrics {
@@ -126,6 +143,7 @@ impl Metrics {
             events_written: Family::default(),
             informer_events: Family::default(),
             plugins_loaded: Gauge::default(),
+            extra_labels: Mutex::default(),
             registry: std::sync::Mutex::new(Registry::default()),
         };
         r.register(
@@ -313,12 +331,14 @@ impl Metrics {
     }
 
     pub fn reconciled(&self, plugin: &str, result: &str, took: Duration) {
-        self.reconcile_total
-            .get_or_create(&CtrlResult {
-                controller: plugin.into(),
-                result: result.into(),
-            })
-            .inc();
+        let labels = CtrlResult {
+            controller: plugin.into(),
+            result: result.into(),
+        };
+        if self.reconcile_total.get(&labels).is_none() {
+            self.note(plugin, Extra::Result(result.into()));
+        }
+        self.reconcile_total.get_or_create(&labels).inc();
         if result == "error" {
             self.reconcile_errors.get_or_create(&ctrl(plugin)).inc();
         }
@@ -337,32 +357,38 @@ impl Metrics {
     }
 
     pub fn plugin_failure(&self, plugin: &str, reason: &str) {
-        self.plugin_failures
-            .get_or_create(&PluginReason {
-                plugin: plugin.into(),
-                reason: reason.into(),
-            })
-            .inc();
+        let labels = PluginReason {
+            plugin: plugin.into(),
+            reason: reason.into(),
+        };
+        if self.plugin_failures.get(&labels).is_none() {
+            self.note(plugin, Extra::Failure(reason.into()));
+        }
+        self.plugin_failures.get_or_create(&labels).inc();
     }
 
     pub fn forbidden_call(&self, plugin: &str, verb: &str, resource: &str) {
-        self.forbidden
-            .get_or_create(&Forbidden {
-                plugin: plugin.into(),
-                verb: verb.into(),
-                resource: resource.into(),
-            })
-            .inc();
+        let labels = Forbidden {
+            plugin: plugin.into(),
+            verb: verb.into(),
+            resource: resource.into(),
+        };
+        if self.forbidden.get(&labels).is_none() {
+            self.note(plugin, Extra::Forbidden(verb.into(), resource.into()));
+        }
+        self.forbidden.get_or_create(&labels).inc();
     }
 
     /// `call` is one of a fixed set (an RBAC verb, "cache.get", "event", ...), never a guest string.
     pub fn invalid_call(&self, plugin: &str, call: &str) {
-        self.invalid
-            .get_or_create(&PluginCall {
-                plugin: plugin.into(),
-                call: call.into(),
-            })
-            .inc();
+        let labels = PluginCall {
+            plugin: plugin.into(),
+            call: call.into(),
+        };
+        if self.invalid.get(&labels).is_none() {
+            self.note(plugin, Extra::Invalid(call.into()));
+        }
+        self.invalid.get_or_create(&labels).inc();
     }
 
     /// Marks `plugin` as waiting for `reason`, one of `reasons` (fixed words), or not waiting when
@@ -374,34 +400,125 @@ impl Metrics {
         reason: Option<&str>,
     ) {
         for r in reasons {
-            let g = self.waiting.get_or_create(&PluginReason {
+            let labels = PluginReason {
                 plugin: plugin.into(),
                 reason: r.into(),
-            });
-            g.set(i64::from(reason == Some(r)));
+            };
+            if self.waiting.get(&labels).is_none() {
+                self.note(plugin, Extra::Waiting(r.into()));
+            }
+            self.waiting
+                .get_or_create(&labels)
+                .set(i64::from(reason == Some(r)));
         }
     }
 
     pub fn event_dropped(&self, plugin: &str, reason: &str) {
-        self.events_dropped
-            .get_or_create(&PluginReason {
-                plugin: plugin.into(),
-                reason: reason.into(),
-            })
-            .inc();
+        let labels = PluginReason {
+            plugin: plugin.into(),
+            reason: reason.into(),
+        };
+        if self.events_dropped.get(&labels).is_none() {
+            self.note(plugin, Extra::Dropped(reason.into()));
+        }
+        self.events_dropped.get_or_create(&labels).inc();
     }
 
     pub fn event_written(&self, plugin: &str, kind: &str) {
-        self.events_written
-            .get_or_create(&PluginReason {
-                plugin: plugin.into(),
-                reason: kind.into(),
-            })
-            .inc();
+        let labels = PluginReason {
+            plugin: plugin.into(),
+            reason: kind.into(),
+        };
+        if self.events_written.get(&labels).is_none() {
+            self.note(plugin, Extra::Written(kind.into()));
+        }
+        self.events_written.get_or_create(&labels).inc();
     }
 
     pub fn plugins_loaded(&self, n: usize) {
         self.plugins_loaded.set(n as i64);
+    }
+
+    fn note(&self, plugin: &str, extra: Extra) {
+        self.extra_labels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(plugin.to_string())
+            .or_default()
+            .insert(extra);
+    }
+
+    /// Removes every series of `plugin` (it was removed): a dashboard no longer shows it, and the
+    /// host's memory does not keep the series of every plugin that ever ran.
+    pub fn forget_plugin(&self, plugin: &str) {
+        let name = Name {
+            name: plugin.to_string(),
+        };
+        self.queue_depth.remove(&name);
+        self.unfinished_work.remove(&name);
+        self.longest_running.remove(&name);
+        self.queue_adds.remove(&name);
+        self.queue_retries.remove(&name);
+        self.queue_duration.remove(&name);
+        self.work_duration.remove(&name);
+        self.instances.remove(&name);
+        let c = ctrl(plugin);
+        for family in [
+            &self.reconcile_errors,
+            &self.terminal_errors,
+            &self.changes_filtered,
+            &self.worker_panics,
+        ] {
+            family.remove(&c);
+        }
+        self.max_concurrent.remove(&c);
+        self.active_workers.remove(&c);
+        self.reconcile_time.remove(&c);
+        let extras = self
+            .extra_labels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(plugin)
+            .unwrap_or_default();
+        let reason = |r: &str| PluginReason {
+            plugin: plugin.into(),
+            reason: r.into(),
+        };
+        for extra in extras {
+            match extra {
+                Extra::Result(r) => {
+                    self.reconcile_total.remove(&CtrlResult {
+                        controller: plugin.into(),
+                        result: r,
+                    });
+                }
+                Extra::Failure(r) => {
+                    self.plugin_failures.remove(&reason(&r));
+                }
+                Extra::Forbidden(verb, resource) => {
+                    self.forbidden.remove(&Forbidden {
+                        plugin: plugin.into(),
+                        verb,
+                        resource,
+                    });
+                }
+                Extra::Invalid(call) => {
+                    self.invalid.remove(&PluginCall {
+                        plugin: plugin.into(),
+                        call,
+                    });
+                }
+                Extra::Waiting(r) => {
+                    self.waiting.remove(&reason(&r));
+                }
+                Extra::Dropped(r) => {
+                    self.events_dropped.remove(&reason(&r));
+                }
+                Extra::Written(r) => {
+                    self.events_written.remove(&reason(&r));
+                }
+            }
+        }
     }
 }
 
@@ -453,5 +570,51 @@ impl InformerObserver for Metrics {
                 event: "error".into(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series_of(m: &Metrics, plugin: &str) -> Vec<String> {
+        m.encode()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.contains(&format!("=\"{plugin}\"")))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_forgotten_plugin_leaves_no_series_and_the_others_keep_theirs() {
+        let m = Metrics::new();
+        for p in ["gone", "kept"] {
+            m.reconciled(p, "success", Duration::from_millis(1));
+            m.reconciled(p, "error", Duration::from_millis(1));
+            m.workers(p, 2);
+            m.active_workers(p, 1);
+            m.unfinished_work(p, (0.5, 0.5));
+            m.plugin_failure(p, "trap");
+            m.forbidden_call(p, "get", "secrets");
+            m.invalid_call(p, "event");
+            m.plugin_waiting(p, ["forbidden", "not_served"], Some("forbidden"));
+            m.event_dropped(p, "spam_filter");
+            m.event_written(p, "create");
+            m.change_filtered(p);
+            m.worker_panic(p);
+            m.terminal_error(p);
+            m.instantiated(p);
+            let q = m.queue_observer(p);
+            q.added();
+            q.depth(1);
+            q.retried();
+            q.queued_for(Duration::from_millis(1));
+        }
+        let before = series_of(&m, "gone").len();
+        assert!(before > 20, "only {before} series recorded");
+        m.forget_plugin("gone");
+        assert_eq!(series_of(&m, "gone"), Vec::<String>::new());
+        assert_eq!(series_of(&m, "kept").len(), before);
     }
 }

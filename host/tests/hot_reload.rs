@@ -252,6 +252,15 @@ async fn add_replace_and_remove_plugins_while_running() -> Result<()> {
         || async { Ok((manager.informers.running() == 0).then_some(())) },
     )
     .await?;
+    // Its metric series went with it (it had reconciled, so it had some).
+    let left: Vec<String> = manager
+        .metrics
+        .encode()
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("=\"mounted\""))
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "series of the removed plugin: {left:?}");
     manager.stop().await;
     Ok(())
 }

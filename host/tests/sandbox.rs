@@ -263,3 +263,71 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
     manager.stop().await;
     Ok(())
 }
+
+/// Failed attempts are counted per key and forgotten after a success (client-go's `Forget`): the
+/// attempt number a plugin sees grows while it fails, and is back to 0 at the next change after
+/// it succeeded, so an old streak of failures never delays a later reconcile.
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_are_counted_per_key_and_forgotten_after_a_success() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("flaky").await?;
+    let dir = temp_dir("flaky")?;
+    install(&dir, "flaky", "flaky.wasm")?;
+    let manager = start_manager(test_config(&dir)).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let flaky: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "f", "labels": {"wcm.test/flaky": "yes"}},
+        "data": {"fail": "true", "value": "a"}
+    }))?;
+    cms.create(&PostParams::default(), &flaky).await?;
+    eventually("four failed attempts", Duration::from_secs(30), || async {
+        let retries = metric(&manager, "workqueue_retries_total", &[("name", "flaky")]);
+        Ok((retries >= 4.0).then_some(()))
+    })
+    .await?;
+    cms.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(
+            json!([{"op": "remove", "path": "/data/fail"}]),
+        )?),
+    )
+    .await?;
+    let attempt = |want_value: &'static str| {
+        let cms = cms.clone();
+        async move {
+            eventually(
+                &format!("f reconciled with value {want_value}"),
+                Duration::from_secs(30),
+                || async {
+                    let seen = cms
+                        .get("f")
+                        .await?
+                        .metadata
+                        .annotations
+                        .and_then(|a| a.get("wcm.test/attempt").cloned());
+                    Ok(seen.and_then(|s| {
+                        let (value, attempt) = s.split_once('@')?;
+                        (value == want_value).then(|| attempt.parse::<u32>().ok())?
+                    }))
+                },
+            )
+            .await
+        }
+    };
+    let after_failures = attempt("a").await?;
+    assert!(
+        after_failures >= 4,
+        "the success came after {after_failures} counted failures"
+    );
+    cms.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"value": "b"}})),
+    )
+    .await?;
+    assert_eq!(attempt("b").await?, 0, "the failures were not forgotten");
+    manager.stop().await;
+    Ok(())
+}

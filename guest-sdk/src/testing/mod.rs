@@ -7,7 +7,7 @@
 //! [`MockHost::sync_cache`] plays that catch-up.
 //!
 //! What it checks like the real host, once it knows the plugin ([`MockHost::for_reconciler`]):
-//! every API call against the declared permissions (403 `Forbidden`), cache reads against the
+//! every API call against the declared permissions (403 `NotDeclared`), cache reads against the
 //! declared watches (not watched: an error from `keys`/`list`, `None` from `get`; objects outside
 //! a watch's namespace or label selector are invisible; metadata-only watches hand out
 //! `PartialObjectMetadata`, as the API server sends it).
@@ -514,7 +514,7 @@ impl State {
         }
         Err(ApiError {
             code: 403,
-            reason: "Forbidden".into(),
+            reason: ApiError::NOT_DECLARED.into(),
             message: format!(
                 "plugin {} did not declare permission to {} {resource} in API group {:?}: add Permission::new({:?}, {resource:?}, &[{:?}]) to its description",
                 d.name,

@@ -88,7 +88,7 @@ impl ApiFailure {
         let group = if group.is_empty() { "core" } else { group };
         Self::new(
             403,
-            "Forbidden",
+            "NotDeclared",
             format!(
                 "plugin {plugin} did not declare permission to {verb} {resource} (group {group}) in describe"
             ),
@@ -137,7 +137,7 @@ impl ApiAccess {
         }
     }
 
-    pub fn discovery(&self) -> &Discovery {
+    pub fn discovery(&self) -> &Arc<Discovery> {
         &self.discovery
     }
 

@@ -158,7 +158,8 @@ pub fn plugin_objects(identity: &IdentitySettings, p: &PluginRbac<'_>) -> Vec<Va
 }
 
 /// What the host's own ServiceAccount needs for these plugins: list/watch of what they watch (the
-/// shared informers run as the host) and impersonation of exactly their ServiceAccounts.
+/// shared informers run as the host) and of CRDs (to keep discovery fresh), and impersonation of
+/// exactly their ServiceAccounts.
 pub fn host_objects(
     identity: &IdentitySettings,
     host_sa: (&str, &str),
@@ -169,6 +170,14 @@ pub fn host_objects(
     let mut rules = Rules::new();
     let all: Vec<WatchedResource> = plugins.iter().flat_map(|p| p.watches.clone()).collect();
     watch_rules(&mut rules, &all, false);
+    // CRD metadata: the discovery cache follows CRDs that are deleted or re-created.
+    add(
+        &mut rules,
+        None,
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["list", "watch"],
+    );
     let mut out = Vec::new();
     for (ns, r) in &rules {
         out.extend(role_and_binding(

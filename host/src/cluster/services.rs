@@ -29,17 +29,21 @@ pub struct PluginCache {
 }
 
 impl PluginCache {
+    /// Adds the store of one watch. A plugin may watch one kind several times (other namespaces
+    /// or selectors): reads of that kind see all of them.
     pub fn add(&mut self, kind: KindKey, namespace: Option<String>, store: Arc<ObjectStore>) {
-        if !self.stores.iter().any(|(k, _, _)| *k == kind) {
+        if !self.stores.iter().any(|(_, _, s)| Arc::ptr_eq(s, &store)) {
             self.stores.push((kind, namespace, store));
         }
     }
 
-    pub fn store(&self, kind: &KindKey) -> Option<&Arc<ObjectStore>> {
+    /// The stores of the watches of `kind` (empty when the plugin does not watch it).
+    pub fn stores(&self, kind: &KindKey) -> Vec<&Arc<ObjectStore>> {
         self.stores
             .iter()
-            .find(|(k, _, _)| k == kind)
+            .filter(|(k, _, _)| k == kind)
             .map(|(_, _, s)| s)
+            .collect()
     }
 
     /// Whether the plugin watches `kind` where `namespace` lies.
@@ -323,8 +327,12 @@ impl Services {
         reach.events.record(&self.plugin, event);
     }
 
-    pub fn cache_store(&self, kind: &KindRef) -> Option<&Arc<ObjectStore>> {
-        self.reach.as_ref()?.cache.store(&KindKey::from(kind))
+    /// The cached stores of `kind` this plugin watches (one per watch of it).
+    pub fn cache_stores(&self, kind: &KindRef) -> Vec<&Arc<ObjectStore>> {
+        self.reach
+            .as_ref()
+            .map(|r| r.cache.stores(&KindKey::from(kind)))
+            .unwrap_or_default()
     }
 
     /// Counts a refused cache or config call (bad key or selector).

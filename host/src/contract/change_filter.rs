@@ -129,7 +129,6 @@ fn differs_beyond_status(old: &str, new: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{KindRef, Mapping, Secondary, Watch};
 
     fn obj(gen_: i64, rv: &str, spec: &str, status: &str, extra: &str) -> String {
         format!(
@@ -162,35 +161,7 @@ mod tests {
     }
 
     fn description(ext: Option<&str>, secondaries: usize) -> Description {
-        let w = Watch {
-            kind: KindRef {
-                group: "".into(),
-                version: "v1".into(),
-                kind: "Pod".into(),
-            },
-            namespace: None,
-            label_selector: None,
-            metadata_only: false,
-        };
-        Description {
-            name: "p".into(),
-            version: "1".into(),
-            primary: w.clone(),
-            secondaries: (0..secondaries)
-                .map(|_| Secondary {
-                    watch: w.clone(),
-                    mapping: Mapping::SameKey,
-                })
-                .collect(),
-            resync_seconds: None,
-            workers: None,
-            permissions: vec![],
-            outbound_hosts: vec![],
-            config_keys: vec![],
-            extensions: ext
-                .map(|e| vec![(EXTENSION.to_string(), e.to_string())])
-                .unwrap_or_default(),
-        }
+        crate::contract::test_description(EXTENSION, ext, secondaries)
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod bindings;
 pub mod change_filter;
+pub mod mapping;
 pub mod validate;
 
 pub use bindings::wcm::reconciler::client::PatchType;
@@ -49,5 +50,44 @@ impl KindKey {
 impl std::fmt::Display for KindKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.api_version(), self.kind)
+    }
+}
+
+/// A description of a plugin on Pods with `secondaries` more Pod watches (same-key) and
+/// `extension` = `value` when given: what the extensions' tests parse.
+#[cfg(test)]
+pub(crate) fn test_description(
+    extension: &str,
+    value: Option<&str>,
+    secondaries: usize,
+) -> Description {
+    let w = Watch {
+        kind: KindRef {
+            group: "".into(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+        },
+        namespace: None,
+        label_selector: None,
+        metadata_only: false,
+    };
+    Description {
+        name: "p".into(),
+        version: "1".into(),
+        primary: w.clone(),
+        secondaries: (0..secondaries)
+            .map(|_| Secondary {
+                watch: w.clone(),
+                mapping: Mapping::SameKey,
+            })
+            .collect(),
+        resync_seconds: None,
+        workers: None,
+        permissions: vec![],
+        outbound_hosts: vec![],
+        config_keys: vec![],
+        extensions: value
+            .map(|v| vec![(extension.to_string(), v.to_string())])
+            .unwrap_or_default(),
     }
 }

@@ -111,6 +111,33 @@ pub fn label_selector(s: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of 1–63 letters, digits and
+/// `-_.`, starting and ending with a letter or digit.
+pub fn label_key(k: &str) -> Result<(), Invalid> {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        dns_subdomain(p).map_err(|why| Invalid::new("label key prefix", k, why))?;
+    }
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        return Err(Invalid::new(
+            "label key",
+            k,
+            "the name must be 1-63 letters, digits and '-_.', starting and ending with a letter or digit",
+        ));
+    }
+    Ok(())
+}
+
 /// A UID as the API server makes them (a UUID; letters, digits and '-', at most 128).
 pub fn uid(u: &str) -> Result<(), Invalid> {
     let ok =
@@ -278,6 +305,7 @@ pub fn description(d: &super::Description) -> Result<(), String> {
         }
     }
     super::change_filter::filters(d).map_err(|e| format!("plugin {name}: {e}"))?;
+    super::mapping::mappings(d).map_err(|e| format!("plugin {name}: {e}"))?;
     Ok(())
 }
 

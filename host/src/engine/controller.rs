@@ -15,6 +15,7 @@ use crate::cluster::api::{ApiAccess, ApiFailure};
 use crate::cluster::events::PluginEvent;
 use crate::cluster::services::{PluginCache, Services};
 use crate::contract::change_filter;
+use crate::contract::mapping::{self, ExtraMapping};
 use crate::contract::validate;
 use crate::contract::{Action, Description, KindKey, KindRef, Mapping, ObjectKey, Request, Watch};
 use crate::engine::cache::{CachedObject, Key, ObjectStore};
@@ -49,12 +50,19 @@ impl Version {
 #[derive(Clone)]
 enum Trigger {
     Own,
+    /// Owner references to the primary kind: the controller one, or all (`any`).
     Owner {
         primary: KindRef,
         primary_namespaced: bool,
+        any: bool,
     },
     Fixed(Key),
     Same,
+    /// The value of this label names the primary object.
+    Label {
+        key: String,
+        primary_namespaced: bool,
+    },
 }
 
 /// What the controller needs to run, shared by its tasks.
@@ -151,14 +159,25 @@ impl Controller {
         let primary_kind = d.primary.kind.clone();
         let primary_namespaced = namespaced.first().copied().unwrap_or(true);
         let mut triggers = vec![Trigger::Own];
-        for s in &d.secondaries {
-            triggers.push(match &s.mapping {
-                Mapping::ControllerOwner => Trigger::Owner {
-                    primary: primary_kind.clone(),
+        // Validated at load, like the filters below.
+        let extended = mapping::mappings(d).unwrap_or_default();
+        for (i, s) in d.secondaries.iter().enumerate() {
+            let owner = |any| Trigger::Owner {
+                primary: primary_kind.clone(),
+                primary_namespaced,
+                any,
+            };
+            triggers.push(match (extended.get(i).cloned().flatten(), &s.mapping) {
+                (Some(ExtraMapping::AnyOwner), _) => owner(true),
+                (Some(ExtraMapping::Label(key)), _) => Trigger::Label {
+                    key,
                     primary_namespaced,
                 },
-                Mapping::FixedKey(k) => Trigger::Fixed(Key::new(k.namespace.as_deref(), &k.name)),
-                Mapping::SameKey => Trigger::Same,
+                (None, Mapping::ControllerOwner) => owner(false),
+                (None, Mapping::FixedKey(k)) => {
+                    Trigger::Fixed(Key::new(k.namespace.as_deref(), &k.name))
+                }
+                (None, Mapping::SameKey) => Trigger::Same,
             });
         }
         let fixed_keys: Vec<Key> = triggers
@@ -307,6 +326,7 @@ impl Controller {
             && current.description.secondaries == description.secondaries
             && current.description.primary == description.primary
             && change_filter::filters(&current.description) == change_filter::filters(description)
+            && mapping::mappings(&current.description) == mapping::mappings(description)
     }
 
     pub async fn version(&self) -> Arc<Version> {
@@ -354,20 +374,36 @@ fn keys_for(trigger: &Trigger, change: &Change) -> Vec<Key> {
         Trigger::Owner {
             primary,
             primary_namespaced,
+            any,
+        } => objs
+            .iter()
+            .flat_map(|o| {
+                let ns = primary_namespaced
+                    .then_some(o.key.namespace.as_deref())
+                    .flatten();
+                o.owners
+                    .iter()
+                    .filter(|owner| *any || owner.controller)
+                    .filter(|owner| {
+                        let (group, _) = split_api_version(&owner.api_version);
+                        owner.kind == primary.kind && group == primary.group
+                    })
+                    .map(move |owner| Key::new(ns, &owner.name))
+            })
+            .collect(),
+        Trigger::Label {
+            key,
+            primary_namespaced,
         } => objs
             .iter()
             .filter_map(|o| {
-                let owner = o.controller()?;
-                let (group, _) = split_api_version(&owner.api_version);
-                if owner.kind != primary.kind || group != primary.group {
-                    return None;
-                }
-                let ns = if *primary_namespaced {
-                    o.key.namespace.as_deref()
-                } else {
-                    None
-                };
-                Some(Key::new(ns, &owner.name))
+                let name = o.labels.get(key)?;
+                // A label value is the object's to set: only a valid name becomes a key.
+                validate::name(name).ok()?;
+                let ns = primary_namespaced
+                    .then_some(o.key.namespace.as_deref())
+                    .flatten();
+                Some(Key::new(ns, name))
             })
             .collect(),
     };
@@ -558,6 +594,7 @@ mod tests {
         let owner = Trigger::Owner {
             primary: rs,
             primary_namespaced: true,
+            any: false,
         };
         let owned = Change::Applied {
             old: None,
@@ -597,5 +634,58 @@ mod tests {
             ),
             vec![Key::new(Some("b"), "q")]
         );
+    }
+
+    #[test]
+    fn any_owner_and_label_mappings_find_every_primary_they_name() {
+        let deployment = KindRef {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+        };
+        let shared = Arc::new(
+            CachedObject::from_value(json!({"metadata": {
+                "name": "cm", "namespace": "a", "uid": "u", "resourceVersion": "1",
+                "labels": {"example.com/app": "web", "bad": "a/../b"},
+                "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d1", "uid": "1", "controller": true},
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d2", "uid": "2"},
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "3"}
+                ]
+            }}))
+            .expect("object"),
+        );
+        let change = Change::Applied {
+            old: None,
+            new: shared,
+        };
+        let owner = |any| Trigger::Owner {
+            primary: deployment.clone(),
+            primary_namespaced: true,
+            any,
+        };
+        assert_eq!(
+            keys_for(&owner(false), &change),
+            vec![Key::new(Some("a"), "d1")]
+        );
+        assert_eq!(
+            keys_for(&owner(true), &change),
+            vec![Key::new(Some("a"), "d1"), Key::new(Some("a"), "d2")]
+        );
+        let label = |key: &str, primary_namespaced| Trigger::Label {
+            key: key.into(),
+            primary_namespaced,
+        };
+        assert_eq!(
+            keys_for(&label("example.com/app", true), &change),
+            vec![Key::new(Some("a"), "web")]
+        );
+        assert_eq!(
+            keys_for(&label("example.com/app", false), &change),
+            vec![Key::new(None, "web")]
+        );
+        // No such label, or a value that is not a name: no key.
+        assert!(keys_for(&label("missing", true), &change).is_empty());
+        assert!(keys_for(&label("bad", true), &change).is_empty());
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 use crate::cluster::services::Services;
+use crate::contract::mapping::{self, ExtraMapping};
 use crate::contract::{Description, Mapping, Watch};
 use crate::loading::files;
 use crate::loading::settings::PluginSettings;
@@ -89,6 +90,8 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
             "namespace": w.namespace, "labelSelector": w.label_selector, "metadataOnly": w.metadata_only,
         })
     };
+    // Checked when the file was described: a description that got here has valid mappings.
+    let extended = mapping::mappings(&d).unwrap_or_else(|_| vec![None; d.secondaries.len()]);
     let report = serde_json::json!({
         "file": path.display().to_string(),
         "sizeBytes": compiled.size,
@@ -97,12 +100,14 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         "name": d.name,
         "version": d.version,
         "primary": watch(&d.primary),
-        "secondaries": d.secondaries.iter().map(|s| {
+        "secondaries": d.secondaries.iter().zip(extended).map(|(s, extended)| {
             let mut v = watch(&s.watch);
-            v["mapping"] = match &s.mapping {
-                Mapping::ControllerOwner => "controller-owner".into(),
-                Mapping::SameKey => "same-key".into(),
-                Mapping::FixedKey(k) => format!("fixed-key {}{}", k.namespace.as_deref().map(|n| format!("{n}/")).unwrap_or_default(), k.name).into(),
+            v["mapping"] = match (extended, &s.mapping) {
+                (Some(ExtraMapping::AnyOwner), _) => "any-owner".into(),
+                (Some(ExtraMapping::Label(key)), _) => format!("label {key}").into(),
+                (None, Mapping::ControllerOwner) => "controller-owner".into(),
+                (None, Mapping::SameKey) => "same-key".into(),
+                (None, Mapping::FixedKey(k)) => format!("fixed-key {}{}", k.namespace.as_deref().map(|n| format!("{n}/")).unwrap_or_default(), k.name).into(),
             };
             v
         }).collect::<Vec<_>>(),

@@ -335,10 +335,12 @@ impl PluginManager {
                 .cloned()
                 .collect()
         };
+        let mut removed_plugins = Vec::new();
         for stem in gone {
             let removed = self.running.lock().await.remove(&stem);
             if let Some(r) = removed {
                 tracing::info!(plugin = %r.name, file = %stem, "plugin file removed: stopping");
+                removed_plugins.push(r.name.clone());
                 self.stop_running(r).await;
             }
         }
@@ -349,12 +351,26 @@ impl PluginManager {
         self.waiting.lock().await.retain(|stem, w| {
             let keep = on_disk.contains_key(stem);
             if !keep {
-                self.set_waiting(&w.plugin, None);
+                removed_plugins.push(w.plugin.clone());
             }
             keep
         });
+        // A removed plugin's series go too, unless another file runs or waits under its name.
+        for plugin in removed_plugins {
+            let still_there = self.running.lock().await.values().any(|r| r.name == plugin)
+                || self
+                    .waiting
+                    .lock()
+                    .await
+                    .values()
+                    .any(|w| w.plugin == plugin);
+            if !still_there {
+                self.parts.metrics.forget_plugin(&plugin);
+            }
+        }
         self.recheck_grants().await;
         self.recheck_secrets().await;
+        self.recheck_kinds().await;
         {
             let on_disk_shas: std::collections::HashSet<&String> =
                 on_disk.values().map(|d| &d.wasm_sha).collect();
@@ -520,6 +536,41 @@ impl PluginManager {
             {
                 tracing::info!(plugin = %r.name, "a Secret it reads changed: loading it again");
                 r.secrets_rotated = true;
+            }
+        }
+    }
+
+    /// Resolves the kinds every running plugin watches again (from the discovery cache, which
+    /// forgets a group when one of its CRDs changes): a plugin whose kinds now resolve to other
+    /// informers — a CRD re-created with another scope — or are no longer served is stopped and
+    /// loaded again by this rescan, and waits if its kind is gone.
+    async fn recheck_kinds(&self) {
+        let running: Vec<(String, Vec<InformerKey>, Arc<Version>)> = {
+            let running = self.running.lock().await;
+            let mut out = Vec::new();
+            for (stem, r) in running.iter() {
+                if let Some(c) = &r.controller {
+                    out.push((stem.clone(), c.informer_keys(), c.version().await));
+                }
+            }
+            out
+        };
+        for (stem, keys, version) in running {
+            let now = resolve_watches(&self.parts.api, &version.description).await;
+            let same = match &now {
+                Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys.iter()),
+                // Not served any more (a 404); anything else (the API server unreachable) is no
+                // reason to stop a running plugin.
+                Err(f) => f.code != 404,
+            };
+            if same {
+                continue;
+            }
+            // Stopped and loaded again by this rescan: it runs on the new informers, or waits
+            // (not served) until its kind is back.
+            if let Some(r) = self.running.lock().await.remove(&stem) {
+                tracing::info!(plugin = %r.name, "a kind it watches is served differently now, or not at all: loading it again");
+                self.stop_running(r).await;
             }
         }
     }

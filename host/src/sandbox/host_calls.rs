@@ -43,6 +43,9 @@ impl CallCtx {
             namespace: req.namespace.filter(|ns| !ns.is_empty()),
             ..req
         };
+        // Tests make this panic to prove a host-side bug costs one retry, not a worker.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("host-api-call");
         let services = self.services.clone();
         let out = services.api_call(&req).await;
         Ok(out.map_err(ApiError::from))
@@ -211,14 +214,19 @@ impl cache::Host for CallCtx {
             self.services.invalid_call("cache.get", &e);
             return Ok(None);
         }
-        let Some(store) = self.services.cache_store(&kind) else {
+        let stores = self.services.cache_stores(&kind);
+        if stores.is_empty() {
             self.services.warn(format_args!(
                 "cache.get of {}, a kind the plugin does not watch",
                 KindKey::from(&kind)
             ));
             return Ok(None);
-        };
-        Ok(store.get(&store_key(&key)).map(|o| o.json.to_string()))
+        }
+        let key = store_key(&key);
+        Ok(stores
+            .iter()
+            .find_map(|s| s.get(&key))
+            .map(|o| o.json.to_string()))
     }
 
     async fn keys(
@@ -275,14 +283,25 @@ impl CallCtx {
             self.services.invalid_call("cache.list", &e);
             return Err(e.to_string());
         }
-        let store = self.services.cache_store(kind).ok_or_else(|| {
-            format!(
+        let stores = self.services.cache_stores(kind);
+        if stores.is_empty() {
+            return Err(format!(
                 "{} is not watched by this plugin: declare it in describe to read it from the cache",
                 KindKey::from(kind)
-            )
-        })?;
+            ));
+        }
         let selector = Selector::parse(selector.unwrap_or(""))?;
-        Ok(store.select(namespace, &selector))
+        if let [one] = stores.as_slice() {
+            return Ok(one.select(namespace, &selector));
+        }
+        // Several watches of the kind: each object once, in key order.
+        let mut union = std::collections::BTreeMap::new();
+        for s in stores {
+            for o in s.select(namespace, &selector) {
+                union.entry(o.key.clone()).or_insert(o);
+            }
+        }
+        Ok(union.into_values().collect())
     }
 }
 

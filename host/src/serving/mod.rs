@@ -54,12 +54,25 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
             "not ready: loading the plugins directory\n".into(),
         );
     }
+    // Every file has settled: running, disabled, waiting for a named reason (retried on its own),
+    // or refused until it changes. None of these is a reason to take the host out of service; the
+    // body says which is which.
     let status = s.plugins.status().await;
     let running = status
         .values()
         .filter(|s| matches!(s, FileStatus::Running { .. }))
         .count();
-    (StatusCode::OK, format!("ok: {running} plugins running\n"))
+    let mut body = format!("ok: {running} of {} plugin files running\n", status.len());
+    for (file, st) in &status {
+        let state = match st {
+            FileStatus::Running { .. } => "running".to_string(),
+            FileStatus::Disabled { .. } => "disabled".to_string(),
+            FileStatus::Waiting { reason, .. } => format!("waiting ({})", reason.as_str()),
+            FileStatus::Refused { .. } => "refused (until the file changes)".to_string(),
+        };
+        body.push_str(&format!("{file}.wasm: {state}\n"));
+    }
+    (StatusCode::OK, body)
 }
 
 async fn plugins_status(State(s): State<HttpState>) -> String {

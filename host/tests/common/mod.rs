@@ -278,3 +278,30 @@ pub async fn wait_status_within(
     })
     .await
 }
+
+/// `GET path` on the manager's HTTP endpoint: the status code and body.
+pub async fn http_get(m: &Manager, path: &str) -> Result<(u16, String)> {
+    let addr = m
+        .metrics_addr
+        .context("the manager serves no HTTP endpoint")?;
+    http_get_at(addr, path).await
+}
+
+/// `GET path` at `addr` over a fresh HTTP/1.0 connection: the status code and body.
+pub async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("not an HTTP response: {head}"))?;
+    Ok((code, body.to_string()))
+}

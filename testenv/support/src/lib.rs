@@ -21,6 +21,7 @@ pub mod crds;
 mod namespace;
 pub mod openstack;
 pub mod openstack_api;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,7 @@ pub use audit::{AuditEvent, AuditMark};
 pub use control::ReadyInfo;
 pub use namespace::TestNamespace;
 pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
+pub use proxy::CuttableProxy;
 
 use control::Control;
 
@@ -126,6 +128,15 @@ impl TestEnv {
     pub async fn start_apiserver(&self) -> Result<()> {
         let c = self.owned_control()?.clone();
         tokio::task::spawn_blocking(move || c.command("start", "ready")).await??;
+        Ok(())
+    }
+
+    /// Compacts etcd's history up to its current revision (as the apiserver's periodic compaction
+    /// would): a watch resumed from an older resourceVersion then gets 410 Gone once the
+    /// apiserver's watch cache does not hold it either (after a restart of the apiserver).
+    pub async fn compact_etcd(&self) -> Result<()> {
+        let c = self.owned_control()?.clone();
+        tokio::task::spawn_blocking(move || c.command("compact", "compacted")).await??;
         Ok(())
     }
 
