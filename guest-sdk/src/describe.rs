@@ -258,6 +258,17 @@ impl Changes {
             Changes::Generation => "generation",
         }
     }
+
+    /// Whether an update of an object from `old` to `new` wakes the plugin, decided exactly as the
+    /// host decides it (the same code).
+    pub fn wakes(self, old: &Value, new: &Value) -> bool {
+        let filter = match self {
+            Changes::All => wcm_change_filter::ChangeFilter::All,
+            Changes::IgnoreStatus => wcm_change_filter::ChangeFilter::IgnoreStatus,
+            Changes::Generation => wcm_change_filter::ChangeFilter::Generation,
+        };
+        filter.passes(&old.to_string(), &new.to_string())
+    }
 }
 
 impl Watch {

@@ -368,3 +368,58 @@ fn finalizer_lifecycle() {
         "gone after the last finalizer"
     );
 }
+
+/// Writes its own status, and a label when the ConfigMap asks for one; its watch ignores status
+/// changes.
+struct StatusWriter;
+
+impl Reconciler for StatusWriter {
+    fn describe() -> Description {
+        Description::new("status-writer", "1.0.0")
+            .primary(Watch::of::<ConfigMap>().ignore_status_changes())
+            .permission(Permission::of::<ConfigMap>(&["patch"]))
+            .permission(Permission::of::<ConfigMap>(&["patch"]).status())
+    }
+
+    fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
+        let Some(cm) = req.object::<ConfigMap>()? else {
+            return Ok(Action::done());
+        };
+        let api = ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default());
+        api.patch_status(req.name(), &Patch::Merge(json!({"status": {"seen": true}})))?;
+        if cm.data.is_some_and(|d| d.contains_key("label-me")) {
+            api.patch(
+                req.name(),
+                &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+            )?;
+        }
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn wakes_itself_applies_the_watch_change_filter_as_the_host_does() {
+    let host = MockHost::for_reconciler::<StatusWriter>();
+    host.seed(&cm("a", "quiet"));
+    let mut loud = cm("a", "loud");
+    loud.data = Some([("label-me".to_string(), "1".to_string())].into());
+    host.seed(&loud);
+    let quiet = ObjectKey::new(Some("a"), "quiet");
+    let loud = ObjectKey::new(Some("a"), "loud");
+    assert!(!host.wakes_itself(&quiet), "nothing written yet");
+
+    host.run::<StatusWriter>(quiet.clone()).expect("reconcile");
+    host.run::<StatusWriter>(loud.clone()).expect("reconcile");
+    // Its own status write does not wake it (ignore-status); a label change would, and loop.
+    assert!(!host.wakes_itself(&quiet));
+    assert!(host.wakes_itself(&loud));
+    assert!(
+        !Watch::of::<ConfigMap>()
+            .ignore_status_changes()
+            .changes
+            .wakes(
+                &json!({"spec": 1, "status": 1}),
+                &json!({"spec": 1, "status": 2})
+            )
+    );
+}

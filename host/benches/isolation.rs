@@ -164,6 +164,9 @@ fn config(dir: &Path) -> RunConfig {
         max_workers_per_plugin: 16,
         wait_retry: Duration::from_secs(1),
         sync_timeout: Duration::from_secs(30),
+        leader_election: None,
+        controllers: Default::default(),
+        shutdown_grace: Duration::from_secs(10),
         rate_limits: RateLimits::default(),
     }
 }

@@ -10,11 +10,13 @@ use anyhow::{Context, Result};
 use crate::cluster::api::ApiAccess;
 use crate::cluster::events::{self, EventSettings};
 use crate::cluster::identity::IdentitySettings;
+use crate::cluster::leader::{LeaderSettings, Leadership};
 use crate::cluster::services::BudgetSettings;
 use crate::engine::controller::ControllerParts;
 use crate::engine::informer::Informers;
 use crate::engine::rate_limit::{RateLimits, TokenBucket};
 use crate::loading::plugins::{DirSettings, PluginManager};
+use crate::loading::settings::ControllerSelection;
 use crate::metrics::Metrics;
 use crate::sandbox::{Limits, Runtime, RuntimeSettings};
 
@@ -47,6 +49,12 @@ pub struct RunConfig {
     pub wait_retry: Duration,
     /// How long a plugin's caches may take to sync before it waits and is tried again.
     pub sync_timeout: Duration,
+    /// Which plugins run (`--controllers`).
+    pub controllers: ControllerSelection,
+    /// Leader election among replicas; none: this process always reconciles.
+    pub leader_election: Option<LeaderSettings>,
+    /// How long in-flight reconciles may take at shutdown.
+    pub shutdown_grace: Duration,
 }
 
 /// A running manager (for tests and `run`).
@@ -58,6 +66,10 @@ pub struct Manager {
     crd_task: tokio::task::JoinHandle<()>,
     http_task: Option<tokio::task::JoinHandle<()>>,
     pub metrics_addr: Option<SocketAddr>,
+    /// What the workers see: true while this replica may reconcile.
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
+    leadership: Option<Leadership>,
+    gate_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The client configuration from a kubeconfig file, or the usual inference (KUBECONFIG,
@@ -110,7 +122,30 @@ impl Manager {
             metrics.clone(),
         );
         let crd_task = api.discovery().follow_crds();
+        // Workers reconcile only while the gate is open: always without an election, while
+        // leading with one, and never again once stopping.
+        let leadership = match &cfg.leader_election {
+            Some(settings) => {
+                Some(Leadership::join(client.clone(), settings.clone(), metrics.clone()).await?)
+            }
+            None => None,
+        };
+        let (gate, leading) = tokio::sync::watch::channel(leadership.is_none());
+        let gate = Arc::new(gate);
+        let gate_task = leadership.as_ref().map(|l| {
+            let (gate, mut lead) = (gate.clone(), l.subscribe());
+            tokio::spawn(async move {
+                loop {
+                    gate.send_replace(*lead.borrow_and_update());
+                    if lead.changed().await.is_err() {
+                        gate.send_replace(false);
+                        return;
+                    }
+                }
+            })
+        });
         let parts = Arc::new(ControllerParts {
+            leading,
             runtime,
             informers: informers.clone(),
             api,
@@ -132,6 +167,7 @@ impl Manager {
                 max_workers: cfg.max_workers_per_plugin,
                 budgets: cfg.budgets,
                 identity: cfg.identity.clone(),
+                controllers: cfg.controllers.clone(),
             },
             config,
         );
@@ -160,16 +196,33 @@ impl Manager {
             crd_task,
             http_task,
             metrics_addr,
+            gate,
+            leadership,
+            gate_task,
         })
     }
 
+    /// Whether this replica may reconcile now (it leads, or no election is held).
+    pub fn is_leading(&self) -> bool {
+        *self.gate.borrow()
+    }
+
+    /// Stops taking keys, lets in-flight reconciles finish (each controller waits for its calls),
+    /// stops every plugin, then releases the Lease so a standby takes over at once.
     pub async fn stop(self) {
+        if let Some(t) = &self.gate_task {
+            t.abort();
+        }
+        self.gate.send_replace(false);
         self.plugin_task.abort();
         self.crd_task.abort();
+        self.plugins.stop_all().await;
         if let Some(t) = self.http_task {
             t.abort();
         }
-        self.plugins.stop_all().await;
+        if let Some(l) = self.leadership {
+            l.release().await;
+        }
     }
 }
 
@@ -177,15 +230,47 @@ impl Manager {
 pub async fn run(cfg: RunConfig) -> Result<()> {
     let config = kube_config(cfg.kubeconfig.as_ref()).await?;
     let client = kube::Client::try_from(config.clone()).context("build the API client")?;
-    let version = client
-        .apiserver_version()
-        .await
-        .context("reach the API server")?;
+    // An API server that does not answer yet (the cluster starting with us) is waited for.
+    let mut delay = Duration::from_secs(1);
+    let version = loop {
+        match client.apiserver_version().await {
+            Ok(v) => break v,
+            Err(e) => {
+                tracing::error!(server = %config.cluster_url, "cannot reach the API server, retrying in {delay:?}: {e}");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown_signal() => return Ok(()),
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
     tracing::info!(server = %version.git_version, plugins_dir = %cfg.plugins_dir.display(), "connected");
+    let grace = cfg.shutdown_grace;
+    let named: Vec<String> = cfg.controllers.named().map(str::to_string).collect();
     let manager = Manager::start(cfg, config).await?;
+    // A name in --controllers that no plugin file holds is most likely a typo: say so once.
+    let present: Vec<String> = manager
+        .plugins
+        .status()
+        .await
+        .into_values()
+        .filter_map(|s| s.plugin().map(str::to_string))
+        .collect();
+    for n in named.iter().filter(|n| !present.contains(n)) {
+        tracing::warn!(plugin = %n, "--controllers names {n}, which no plugin in the directory declares (yet)");
+    }
     shutdown_signal().await;
-    tracing::info!("shutting down: waiting for in-flight reconciles");
-    manager.stop().await;
+    tracing::info!(
+        ?grace,
+        "shutting down: no new keys; waiting for in-flight reconciles"
+    );
+    if tokio::time::timeout(grace, manager.stop()).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "in-flight reconciles did not finish within the grace period"
+        );
+    }
     Ok(())
 }
 

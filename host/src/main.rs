@@ -6,8 +6,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use wasm_controller_manager::app::{self, RunConfig};
 use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::cluster::leader::LeaderSettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::rate_limit::RateLimits;
+use wasm_controller_manager::loading::settings::ControllerSelection;
 use wasm_controller_manager::sandbox::Limits;
 
 /// A Kubernetes controller manager whose reconcilers are sandboxed WebAssembly components.
@@ -19,15 +21,24 @@ struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "info,wasm_controller_manager=debug".
     #[arg(long, env = "WCM_LOG", default_value = "info", global = true)]
     log: String,
-    /// Log as JSON lines instead of text.
-    #[arg(long, global = true)]
+    /// Log format: text, or json (one JSON object per line).
+    #[arg(long, env = "WCM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// Same as --log-format json.
+    #[arg(long, global = true, hide = true)]
     log_json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the manager: load every plugin in --plugins-dir and reconcile until SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print what a plugin declares, its imports and exports, its size and compile time.
     Inspect {
         /// The plugin component (.wasm).
@@ -41,6 +52,8 @@ enum Command {
     /// apply (`kubectl apply -f -`, or a kustomize resource). Each plugin's NAME.toml beside it is
     /// read too (its name, config and Secrets).
     Rbac(RbacArgs),
+    /// Print the version and the plugin contract (WIT) versions this host serves.
+    Version,
 }
 
 /// Where the plugins' identities live (the same for `run` and `rbac`).
@@ -151,84 +164,214 @@ struct RunArgs {
     #[arg(long, env = "WCM_COMPILE_CACHE")]
     compile_cache: Option<PathBuf>,
     /// Address for /metrics, /healthz, /readyz and /plugins; "off" disables it.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "WCM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
     /// Client-side limit on API requests per second, for all plugins together.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(
+        long = "kube-api-qps",
+        alias = "kube-qps",
+        env = "WCM_KUBE_API_QPS",
+        default_value_t = 50.0
+    )]
     kube_qps: f64,
-    /// Burst above --kube-qps.
-    #[arg(long, default_value_t = 100)]
+    /// Burst above --kube-api-qps.
+    #[arg(
+        long = "kube-api-burst",
+        alias = "kube-burst",
+        env = "WCM_KUBE_API_BURST",
+        default_value_t = 100
+    )]
     kube_burst: u32,
     /// Timeout of one API request made for a plugin, seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "WCM_API_TIMEOUT_SECONDS", default_value_t = 30)]
     api_timeout_seconds: u64,
     /// Workers of a plugin that declares none and has no `workers` in its NAME.toml.
-    #[arg(long, default_value_t = 1)]
+    #[arg(
+        long = "concurrent-syncs",
+        alias = "default-workers",
+        env = "WCM_CONCURRENT_SYNCS",
+        default_value_t = 1
+    )]
     default_workers: u32,
     /// Guest CPU time per call, milliseconds (NAME.toml: cpu_deadline_ms).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, env = "WCM_CPU_DEADLINE_MS", default_value_t = 1000)]
     cpu_deadline_ms: u64,
     /// Linear memory per plugin instance, MiB (NAME.toml: memory_mb).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, env = "WCM_MEMORY_MB", default_value_t = 64)]
     memory_mb: u32,
     /// Instances alive at once across all plugins (size of the instance pool).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, env = "WCM_MAX_INSTANCES", default_value_t = 128)]
     max_instances: u32,
     /// Largest plugin file accepted, bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, env = "WCM_MAX_PLUGIN_BYTES", default_value_t = 64 << 20)]
     max_plugin_bytes: u64,
     /// Rescan the plugins directory this often, seconds, besides reacting to file events.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "WCM_RESCAN_SECONDS", default_value_t = 30)]
     rescan_seconds: u64,
     /// Hosts (host or host:port) any plugin may reach over HTTP, if it declares them; repeatable.
-    #[arg(long = "allow-host")]
+    #[arg(long = "allow-host", env = "WCM_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
     /// First retry delay of a failing key, milliseconds (doubles per failure).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "WCM_RETRY_BASE_MS", default_value_t = 5)]
     retry_base_ms: u64,
     /// Largest retry delay of a failing key, seconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, env = "WCM_RETRY_MAX_SECONDS", default_value_t = 1000)]
     retry_max_seconds: u64,
     /// Event writes per second to the API server, all plugins together.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, env = "WCM_EVENT_QPS", default_value_t = 20.0)]
     event_qps: f64,
     /// Burst above --event-qps.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, env = "WCM_EVENT_BURST", default_value_t = 50)]
     event_burst: u32,
     #[command(flatten)]
     identity: IdentityArgs,
     /// API requests per second of one plugin, before the host-wide --kube-qps (NAME.toml: api_qps).
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, env = "WCM_PLUGIN_API_QPS", default_value_t = 20.0)]
     plugin_api_qps: f64,
     /// Burst above --plugin-api-qps (NAME.toml: api_burst).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, env = "WCM_PLUGIN_API_BURST", default_value_t = 40)]
     plugin_api_burst: u32,
     /// Log lines per second of one plugin (its own and the host's about it); the rest are dropped
     /// and counted.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, env = "WCM_PLUGIN_LOG_LINES_PER_SECOND", default_value_t = 50.0)]
     plugin_log_lines_per_second: f64,
     /// Cores of guest CPU one plugin may use on average; a plugin over it waits before its next
     /// call (NAME.toml: cpu_share; 0: no limit).
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, env = "WCM_PLUGIN_CPU_SHARE", default_value_t = 0.25)]
     plugin_cpu_share: f64,
     /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "WCM_MAX_WORKERS_PER_PLUGIN", default_value_t = 16)]
     max_workers_per_plugin: u32,
     /// Most instances of one plugin alive at once, warm ones included (NAME.toml: max_instances).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "WCM_MAX_INSTANCES_PER_PLUGIN", default_value_t = 16)]
     max_instances_per_plugin: u32,
     /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "WCM_WAIT_RETRY_SECONDS", default_value_t = 5)]
     wait_retry_seconds: u64,
     /// How long a plugin's caches may take to list before it waits and is tried again, seconds.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, env = "WCM_CACHE_SYNC_TIMEOUT_SECONDS", default_value_t = 60)]
     cache_sync_timeout_seconds: u64,
     /// Retries per second over all keys of a plugin (token bucket).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, env = "WCM_RETRY_QPS", default_value_t = 10.0)]
     retry_qps: f64,
     /// Burst above --retry-qps.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, env = "WCM_RETRY_BURST", default_value_t = 100)]
     retry_burst: u32,
+    /// Plugins to run, by name, as kube-controller-manager's --controllers: "*" runs every plugin,
+    /// "foo" runs foo, "-foo" does not. Plugins left out show as disabled in /plugins.
+    #[arg(
+        long,
+        env = "WCM_CONTROLLERS",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
+    controllers: Vec<String>,
+    #[command(flatten)]
+    leader: LeaderArgs,
+    /// On SIGTERM/SIGINT, how long in-flight reconciles may take to finish before the process
+    /// exits anyway (the Lease is released after them).
+    #[arg(long, env = "WCM_SHUTDOWN_GRACE", default_value = "25s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+}
+
+/// Leader election among replicas, with kube-controller-manager's flags.
+#[derive(Args)]
+struct LeaderArgs {
+    /// Elect a leader on a Lease: only the leader reconciles, standbys keep their caches warm and
+    /// take over when it goes. Needed with more than one replica.
+    #[arg(long, env = "WCM_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// How long a standby waits after the leader's last renewal before taking over.
+    #[arg(long, env = "WCM_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long the leader keeps reconciling without a successful renewal; below the lease
+    /// duration, so it stops before a standby may start.
+    #[arg(long, env = "WCM_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often the leader renews, and a standby tries to acquire.
+    #[arg(long, env = "WCM_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    leader_elect_retry_period: Duration,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "WCM_LEADER_ELECT_RESOURCE_NAME",
+        default_value = "wasm-controller-manager"
+    )]
+    leader_elect_resource_name: String,
+    /// Namespace of the Lease; default: the Pod's own namespace in a cluster (POD_NAMESPACE or the
+    /// ServiceAccount's), else wcm-system.
+    #[arg(long, env = "WCM_LEADER_ELECT_RESOURCE_NAMESPACE")]
+    leader_elect_resource_namespace: Option<String>,
+}
+
+impl LeaderArgs {
+    fn settings(self) -> anyhow::Result<Option<LeaderSettings>> {
+        use wasm_controller_manager::contract::validate;
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = match self.leader_elect_resource_namespace {
+            Some(ns) => ns,
+            None => std::env::var("POD_NAMESPACE")
+                .ok()
+                .or_else(|| {
+                    std::fs::read_to_string(
+                        "/var/run/secrets/kubernetes.io/serviceaccount/namespace",
+                    )
+                    .ok()
+                })
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|| "wcm-system".into()),
+        };
+        validate::namespace(&namespace)
+            .map_err(|e| anyhow::anyhow!("--leader-elect-resource-namespace: {e}"))?;
+        validate::name(&self.leader_elect_resource_name)
+            .map_err(|e| anyhow::anyhow!("--leader-elect-resource-name: {e}"))?;
+        let settings = LeaderSettings {
+            lease_name: self.leader_elect_resource_name,
+            namespace,
+            identity: leader_identity(),
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+        };
+        settings.check()?;
+        Ok(Some(settings))
+    }
+}
+
+/// Unique per process, readable in the Lease: the Pod (or host) name, then a random-enough
+/// suffix, as client-go's `hostname_uuid`.
+fn leader_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "wasm-controller-manager".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{host}_{:x}{nanos:08x}", std::process::id())
+}
+
+/// "15s", "2m", "500ms" or a plain number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 15s, 2m, 500ms)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    }
 }
 
 impl RunArgs {
@@ -240,13 +383,24 @@ impl RunArgs {
                     .map_err(|e| anyhow::anyhow!("--metrics-addr {s:?}: {e}"))?,
             ),
         };
+        anyhow::ensure!(
+            self.plugins_dir.is_dir(),
+            "--plugins-dir {} is not a directory",
+            self.plugins_dir.display()
+        );
         anyhow::ensure!(self.memory_mb > 0, "--memory-mb must be at least 1");
         let identity = self.identity.settings()?;
         anyhow::ensure!(
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
         );
+        let leader_election = self.leader.settings()?;
+        let controllers = ControllerSelection::parse(&self.controllers)
+            .map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
         Ok(RunConfig {
+            controllers,
+            leader_election,
+            shutdown_grace: self.shutdown_grace,
             kubeconfig: self.kubeconfig,
             plugins_dir: self.plugins_dir,
             compile_cache: self.compile_cache,
@@ -300,7 +454,7 @@ fn main() -> ExitCode {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if cli.log_json {
+    if cli.log_json || cli.log_format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();
@@ -320,6 +474,13 @@ fn main() -> ExitCode {
             Command::Run(args) => app::run(args.into_config()?).await,
             Command::Rbac(args) => {
                 print!("{}", args.run().await?);
+                Ok(())
+            }
+            Command::Version => {
+                println!(
+                    "wasm-controller-manager {}\nplugin contract: wcm:reconciler@0.1.0 (worlds plugin, plugin-with-http)",
+                    env!("CARGO_PKG_VERSION")
+                );
                 Ok(())
             }
             Command::Inspect { plugin, json } => {

@@ -97,6 +97,7 @@ pub struct Metrics {
     events_written: Family<PluginReason, Counter>,
     informer_events: Family<InformerLabels, Counter>,
     plugins_loaded: Gauge<i64, AtomicI64>,
+    leader: Family<Name, Gauge>,
     /// The label sets beyond its name each plugin's series carry, noted when a series is made, so
     /// [`Metrics::forget_plugin`] can remove every series of a removed plugin.
     extra_labels: Mutex<HashMap<String, HashSet<Extra>>>,
@@ -143,6 +144,7 @@ impl Metrics {
             events_written: Family::default(),
             informer_events: Family::default(),
             plugins_loaded: Gauge::default(),
+            leader: Family::default(),
             extra_labels: Mutex::default(),
             registry: std::sync::Mutex::new(Registry::default()),
         };
@@ -265,6 +267,11 @@ impl Metrics {
             "wcm_plugins_loaded",
             "Plugins currently running",
             m.plugins_loaded.clone(),
+        );
+        r.register(
+            "leader_election_master_status",
+            "1 while this replica holds the Lease `name` and may reconcile, else 0",
+            m.leader.clone(),
         );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = r;
         Arc::new(m)
@@ -437,6 +444,15 @@ impl Metrics {
 
     pub fn plugins_loaded(&self, n: usize) {
         self.plugins_loaded.set(n as i64);
+    }
+
+    /// Whether this replica leads on Lease `lease` (client-go's `leader_election_master_status`).
+    pub fn leader(&self, lease: &str, leading: bool) {
+        self.leader
+            .get_or_create(&Name {
+                name: lease.to_string(),
+            })
+            .set(i64::from(leading));
     }
 
     fn note(&self, plugin: &str, extra: Extra) {

@@ -122,3 +122,94 @@ fn rbac_prints_the_grant_of_what_a_plugin_declares() -> Result<()> {
     assert!(err.contains("--plugin-identity-namespace"), "{err}");
     Ok(())
 }
+
+fn run_args(args: &[&str]) -> Result<std::process::Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()?)
+}
+
+#[test]
+fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> {
+    let dir = common::temp_dir("cli-run")?;
+    let dir = dir.to_str().unwrap_or_default();
+    for (args, needle) in [
+        (
+            vec!["run", "--plugins-dir", dir, "--no-such-flag"],
+            "--no-such-flag",
+        ),
+        (
+            vec!["run", "--plugins-dir", "/does/not/exist"],
+            "/does/not/exist",
+        ),
+        (
+            vec!["run", "--plugins-dir", dir, "--controllers", "*,Bad_Name"],
+            "--controllers",
+        ),
+        (
+            vec!["run", "--plugins-dir", dir, "--controllers", "a,-a"],
+            "both enabled and disabled",
+        ),
+        (
+            vec![
+                "run",
+                "--plugins-dir",
+                dir,
+                "--kubeconfig",
+                "/does/not/exist/kubeconfig",
+            ],
+            "kubeconfig",
+        ),
+        (
+            vec![
+                "run",
+                "--plugins-dir",
+                dir,
+                "--leader-elect=true",
+                "--leader-elect-renew-deadline",
+                "20s",
+            ],
+            "renew deadline",
+        ),
+        (
+            vec![
+                "run",
+                "--plugins-dir",
+                dir,
+                "--leader-elect-retry-period",
+                "soon",
+            ],
+            "not a duration",
+        ),
+    ] {
+        let out = run_args(&args)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = run_args(&["version"])?;
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("wcm:reconciler@0.1.0"));
+    // Every run flag can come from the environment too, and --help says which variable.
+    let out = run_args(&["run", "--help"])?;
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--leader-elect",
+        "--controllers",
+        "--concurrent-syncs",
+        "--kube-api-qps",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+    let flags = help
+        .lines()
+        .filter(|l| l.trim_start().starts_with("--"))
+        .count();
+    let envs = help.matches("[env: ").count();
+    assert!(
+        envs + 1 >= flags,
+        "{envs} of {flags} flags have an env variable:\n{help}"
+    );
+    Ok(())
+}

@@ -479,6 +479,30 @@ impl MockHost {
         }))
     }
 
+    /// Whether the writes made to the primary object `key` since it was put in the cache (by
+    /// [`MockHost::seed`] or [`MockHost::sync_cache`]) would wake the plugin again, with its
+    /// primary watch's change filter applied as the host applies it. A reconcile that writes its
+    /// own status behind [`Watch::ignore_status_changes`](crate::Watch::ignore_status_changes)
+    /// does not; one that bumps a label on every run does, and would loop.
+    ///
+    /// # Panics
+    /// Without a declared description ([`MockHost::for_reconciler`]).
+    pub fn wakes_itself(&self, key: &ObjectKey) -> bool {
+        let st = self.state.borrow();
+        let Some(primary) = st.declared.as_ref().and_then(|d| d.primary.as_ref()) else {
+            panic!("wakes_itself needs a declared plugin: use MockHost::for_reconciler");
+        };
+        let gk = group_kind(&primary.kind);
+        let seen = st.cache.get(&gk).and_then(|objs| objs.get(key));
+        let now = st.api.get(&gk).and_then(|objs| objs.get(key));
+        match (seen, now) {
+            (Some(seen), Some(now)) => seen != now && primary.changes.wakes(seen, now),
+            // Created or deleted: always delivered.
+            (None, Some(_)) | (Some(_), None) => true,
+            (None, None) => false,
+        }
+    }
+
     /// An object as the API server holds it now, as JSON; `None` when absent.
     pub fn object_value(&self, kind: &KindRef, key: &ObjectKey) -> Option<Value> {
         self.state

@@ -158,8 +158,8 @@ pub fn plugin_objects(identity: &IdentitySettings, p: &PluginRbac<'_>) -> Vec<Va
 }
 
 /// What the host's own ServiceAccount needs for these plugins: list/watch of what they watch (the
-/// shared informers run as the host) and of CRDs (to keep discovery fresh), and impersonation of
-/// exactly their ServiceAccounts.
+/// shared informers run as the host) and of CRDs (to keep discovery fresh), its leader-election
+/// Lease, and impersonation of exactly their ServiceAccounts.
 pub fn host_objects(
     identity: &IdentitySettings,
     host_sa: (&str, &str),
@@ -188,6 +188,18 @@ pub fn host_objects(
             &labels,
         ));
     }
+    // Leader election (`--leader-elect`) on a Lease in the host's own namespace.
+    let meta =
+        json!({"name": "wcm-host:leader-election", "namespace": host_sa.0, "labels": labels});
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}],
+    }));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wcm-host:leader-election"},
+        "subjects": [subject.clone()],
+    }));
     let mut names: Vec<String> = plugins
         .iter()
         .map(|p| identity.service_account(&p.description.name))

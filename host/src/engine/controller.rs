@@ -74,6 +74,9 @@ pub struct ControllerParts {
     pub rate_limits: RateLimits,
     /// How long a controller waits for its informers' first list before giving up.
     pub sync_timeout: Duration,
+    /// True while this replica may reconcile (it leads, or no election is held). A standby keeps
+    /// its caches and queues warm and takes no key.
+    pub leading: tokio::sync::watch::Receiver<bool>,
 }
 
 pub struct Controller {
@@ -273,6 +276,7 @@ impl Controller {
                 version: version.clone(),
                 runtime: parts.runtime.clone(),
                 metrics: parts.metrics.clone(),
+                leading: parts.leading.clone(),
             };
             tasks.push(tokio::spawn(w.run()));
         }
@@ -427,13 +431,27 @@ struct Worker {
     version: Arc<RwLock<Arc<Version>>>,
     runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
+    leading: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Worker {
-    async fn run(self) {
+    async fn run(mut self) {
         // The warm instance (isolation = "worker") and the version it belongs to.
         let mut warm: (Option<Warm>, u64) = (None, 0);
-        while let Some(key) = self.queue.get().await {
+        loop {
+            // A standby (or a replica that lost its lease) takes no key until it leads.
+            if self.leading.wait_for(|leading| *leading).await.is_err() {
+                return;
+            }
+            let Some(key) = self.queue.get().await else {
+                return;
+            };
+            if !*self.leading.borrow() {
+                // Leadership went while waiting for this key: it stays queued for later.
+                self.queue.add(key.clone());
+                self.queue.done(&key);
+                continue;
+            }
             self.metrics.active_workers(&self.name, 1);
             let outcome = std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
                 .catch_unwind()

@@ -39,7 +39,7 @@ use crate::engine::controller::{
 };
 use crate::engine::informer::InformerKey;
 use crate::loading::files;
-use crate::loading::settings::{PluginSettings, SecretRef};
+use crate::loading::settings::{ControllerSelection, PluginSettings, SecretRef};
 use crate::sandbox::http::effective_hosts;
 use crate::sandbox::{Compiled, Limits};
 
@@ -60,6 +60,8 @@ pub struct DirSettings {
     /// Hosts the operator allows for any plugin's outbound HTTP.
     pub allowed_hosts: Vec<String>,
     pub identity: IdentitySettings,
+    /// Which plugins run (`--controllers`).
+    pub controllers: ControllerSelection,
 }
 
 /// Largest NAME.toml accepted.
@@ -179,6 +181,18 @@ pub enum FileStatus {
     Refused {
         error: String,
     },
+}
+
+impl FileStatus {
+    /// The plugin's name, when the file got far enough to declare one.
+    pub fn plugin(&self) -> Option<&str> {
+        match self {
+            FileStatus::Running { plugin, .. }
+            | FileStatus::Disabled { plugin }
+            | FileStatus::Waiting { plugin, .. } => Some(plugin),
+            FileStatus::Refused { .. } => None,
+        }
+    }
 }
 
 struct Waiting {
@@ -756,11 +770,17 @@ impl PluginManager {
             tracing::info!(plugin = %name, "outbound hosts: {n}");
         }
         let protected_ips = api_server_ips(&self.kube_config).await;
-        if !settings.enabled() {
+        let selected = self.settings.controllers.enables(&name);
+        if !settings.enabled() || !selected {
             if let Some(p) = previous {
                 self.stop_running(p).await;
             }
-            tracing::info!(plugin = %name, "plugin disabled by its settings");
+            let by = if selected {
+                "its settings"
+            } else {
+                "--controllers"
+            };
+            tracing::info!(plugin = %name, "plugin disabled by {by}");
             self.running.lock().await.insert(
                 stem.to_string(),
                 Running {

@@ -169,8 +169,82 @@ impl SecretRef {
     }
 }
 
+/// Which plugins run, by name, as kube-controller-manager's `--controllers`: `*` every plugin not
+/// named otherwise, `NAME` that plugin, `-NAME` not that plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerSelection {
+    all: bool,
+    on: Vec<String>,
+    off: Vec<String>,
+}
+
+impl Default for ControllerSelection {
+    fn default() -> Self {
+        ControllerSelection {
+            all: true,
+            on: Vec::new(),
+            off: Vec::new(),
+        }
+    }
+}
+
+impl ControllerSelection {
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let mut out = ControllerSelection {
+            all: false,
+            on: Vec::new(),
+            off: Vec::new(),
+        };
+        for e in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+            if e == "*" {
+                out.all = true;
+                continue;
+            }
+            let (name, list) = match e.strip_prefix('-') {
+                Some(n) => (n, &mut out.off),
+                None => (e, &mut out.on),
+            };
+            crate::contract::validate::namespace(name).map_err(|_| {
+                format!("{e:?} is not \"*\", a plugin name or -NAME (plugin names are DNS labels)")
+            })?;
+            list.push(name.to_string());
+        }
+        if let Some(both) = out.on.iter().find(|n| out.off.contains(n)) {
+            return Err(format!("{both} is both enabled and disabled"));
+        }
+        Ok(out)
+    }
+
+    /// Whether plugin `name` runs.
+    pub fn enables(&self, name: &str) -> bool {
+        !self.off.iter().any(|n| n == name) && (self.all || self.on.iter().any(|n| n == name))
+    }
+
+    /// Names enabled explicitly, to tell the operator which of them no plugin file holds.
+    pub fn named(&self) -> impl Iterator<Item = &str> {
+        self.on.iter().chain(&self.off).map(String::as_str)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn controllers_select_plugins_as_kube_controller_manager_does() {
+        let sel = |v: &[&str]| {
+            ControllerSelection::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        };
+        let all = sel(&["*"]).expect("valid");
+        assert!(all.enables("network") && all.enables("pod-counter"));
+        let some = sel(&["*", "-network"]).expect("valid");
+        assert!(!some.enables("network") && some.enables("pod-counter"));
+        let only = sel(&["network"]).expect("valid");
+        assert!(only.enables("network") && !only.enables("pod-counter"));
+        assert!(ControllerSelection::default().enables("anything"));
+        for bad in [&["Bad_Name"][..], &["--x"], &["a", "-a"]] {
+            assert!(sel(bad).is_err(), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -126,6 +126,9 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
             base_delay: Duration::from_millis(200),
             ..RateLimits::default()
         },
+        leader_election: None,
+        controllers: Default::default(),
+        shutdown_grace: Duration::from_secs(10),
     }
 }
 

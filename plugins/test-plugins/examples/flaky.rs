@@ -1,6 +1,6 @@
 //! `flaky`: fails (retryable) while a ConfigMap has `data.fail = "true"`; otherwise annotates it
 //! with `wcm.test/attempt` = `VALUE@ATTEMPT` (its `data.value` and the attempt number the host
-//! passed), so a test sees failed attempts counted and forgotten after a success.
+//! passed), once per value, so a test sees failed attempts counted and forgotten after a success.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
@@ -24,6 +24,17 @@ impl Reconciler for Flaky {
             return Err(Error::retryable("asked to fail"));
         }
         let value = data.get("value").map_or("", String::as_str);
+        // Once per value: its own annotation write comes back as a change, and must not overwrite
+        // the attempt number the first success saw.
+        let noted = cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("wcm.test/attempt"))
+            .is_some_and(|a| a.split_once('@').is_some_and(|(v, _)| v == value));
+        if noted {
+            return Ok(Action::done());
+        }
         let seen = format!("{value}@{}", req.attempt);
         ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default())
             .patch(

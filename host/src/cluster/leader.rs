@@ -1,0 +1,335 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, as client-go's `leaderelection` does it,
+//! with its three settings:
+//!
+//! - every `retry_period` a standby reads the Lease; it takes the Lease when it is free (released
+//!   by a leader that shut down: a hand-off within one retry period) or when the record has not
+//!   changed for `lease_duration`, measured on the standby's own clock from when it saw the last
+//!   change (so clock skew between nodes does not matter);
+//! - the leader renews every `retry_period`; if it has not renewed for `renew_deadline` it stops
+//!   leading. `renew_deadline < lease_duration`, so a leader cut off from the API server stops
+//!   reconciling before any standby may start;
+//! - every write carries the `resourceVersion` it read: of two replicas racing for the Lease, one
+//!   gets 409 Conflict.
+//!
+//! Why not a crate: kube-rs has no elector, and kube-lease-manager (read for this) keeps saying
+//! "leader" while its renewals fail, and its standby sleeps until the old expiry even after the
+//! leader released the Lease — a graceful hand-off would take a whole lease duration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+
+/// The settings of `--leader-elect-*`.
+#[derive(Debug, Clone)]
+pub struct LeaderSettings {
+    pub lease_name: String,
+    pub namespace: String,
+    /// Unique per replica: the Pod name and a random suffix.
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+impl LeaderSettings {
+    /// client-go's rules: whole seconds in the Lease, retry period < renew deadline < lease
+    /// duration.
+    pub fn check(&self) -> Result<()> {
+        if self.lease_duration.subsec_nanos() != 0 || self.lease_duration.as_secs() == 0 {
+            bail!(
+                "--leader-elect-lease-duration must be a whole number of seconds, at least 1 (got {:?})",
+                self.lease_duration
+            );
+        }
+        if self.retry_period.is_zero()
+            || self.retry_period >= self.renew_deadline
+            || self.renew_deadline >= self.lease_duration
+        {
+            bail!(
+                "leader election needs 0 < retry period < renew deadline < lease duration (got {:?}, {:?}, {:?})",
+                self.retry_period,
+                self.renew_deadline,
+                self.lease_duration
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A replica's place in the election: a standby until it holds the Lease.
+pub struct Leadership {
+    leading: watch::Receiver<bool>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Leadership {
+    /// Joins the election; returns at once (a standby).
+    pub async fn join(
+        client: kube::Client,
+        settings: LeaderSettings,
+        metrics: Arc<Metrics>,
+    ) -> Result<Leadership> {
+        settings.check()?;
+        let (tx, leading) = watch::channel(false);
+        let (stop, stopped) = oneshot::channel();
+        metrics.leader(&settings.lease_name, false);
+        let elector = Elector {
+            leases: Api::namespaced(client, &settings.namespace),
+            settings,
+            leading: tx,
+            metrics,
+            observed: None,
+            renewed: None,
+        };
+        let task = tokio::spawn(elector.run(stopped));
+        Ok(Leadership {
+            leading,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// Whether this replica leads now.
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// A receiver that follows leadership.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// Stops leading and releases the Lease (if held), so a standby takes over within its retry
+    /// period. Call it once in-flight work is done.
+    pub async fn release(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Elector {
+    leases: Api<Lease>,
+    settings: LeaderSettings,
+    leading: watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+    /// The Lease record last seen (holder, renewal, version) and when it was first seen so.
+    observed: Option<(Observed, Instant)>,
+    /// When this replica sent its last successful renewal.
+    renewed: Option<Instant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Observed {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    transitions: i32,
+}
+
+impl Elector {
+    async fn run(mut self, mut stopped: oneshot::Receiver<()>) {
+        let mut tick = tokio::time::interval(self.settings.retry_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                _ = tick.tick() => {}
+            }
+            // A slow API server cannot hold a leader past its deadline: the round is cut there.
+            let limit = match self.renewed {
+                Some(t) if *self.leading.borrow() => t + self.settings.renew_deadline,
+                _ => Instant::now() + self.settings.renew_deadline,
+            };
+            let _ = tokio::time::timeout_at(limit, self.step()).await;
+            // Past the renew deadline without a renewal: stop before a standby may start.
+            let fresh = self
+                .renewed
+                .is_some_and(|t| t.elapsed() < self.settings.renew_deadline);
+            self.set_leading(fresh);
+        }
+        self.set_leading(false);
+        self.release().await;
+    }
+
+    fn set_leading(&self, now: bool) {
+        if *self.leading.borrow() == now {
+            return;
+        }
+        let s = &self.settings;
+        if now {
+            tracing::info!(lease = %s.lease_name, identity = %s.identity, "leading: reconciling");
+        } else {
+            tracing::warn!(lease = %s.lease_name, identity = %s.identity, "not leading: reconciling nothing");
+        }
+        self.leading.send_replace(now);
+        self.metrics.leader(&s.lease_name, now);
+    }
+
+    /// One round: read the Lease, then renew it, take it, or wait.
+    async fn step(&mut self) {
+        let me = self.settings.identity.clone();
+        let lease = match self.leases.get_opt(&self.settings.lease_name).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                self.create().await;
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(lease = %self.settings.lease_name, "reading the Lease failed: {e}");
+                return;
+            }
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let seen = Observed {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew_time: spec.renew_time.clone(),
+            transitions: spec.lease_transitions.unwrap_or(0),
+        };
+        if self.observed.as_ref().map(|(o, _)| o) != Some(&seen) {
+            self.observed = Some((seen.clone(), Instant::now()));
+        }
+        let since_change = self.observed.as_ref().map(|(_, at)| at.elapsed());
+        let take = match seen.holder.as_deref() {
+            Some(h) if h == me => true,
+            None => true,
+            Some(_) => since_change.is_some_and(|d| d > self.settings.lease_duration),
+        };
+        if !take {
+            self.renewed = None;
+            return;
+        }
+        let new_holder = seen.holder.as_deref() != Some(me.as_str());
+        let sent = Instant::now();
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let mut next = lease;
+        next.spec = Some(LeaseSpec {
+            holder_identity: Some(me.clone()),
+            lease_duration_seconds: Some(self.settings.lease_duration.as_secs() as i32),
+            renew_time: Some(now.clone()),
+            acquire_time: if new_holder {
+                Some(now)
+            } else {
+                spec.acquire_time.clone()
+            },
+            lease_transitions: Some(
+                seen.transitions + i32::from(new_holder && seen.holder.is_some()),
+            ),
+            ..spec
+        });
+        // The resourceVersion read above is the precondition: a racing replica gets 409.
+        match self
+            .leases
+            .replace(&self.settings.lease_name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => self.renewed = Some(sent),
+            Err(e) => {
+                tracing::debug!(lease = %self.settings.lease_name, "writing the Lease failed: {e}")
+            }
+        }
+    }
+
+    async fn create(&mut self) {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let sent = Instant::now();
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.settings.lease_name.clone()),
+                namespace: Some(self.settings.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.settings.identity.clone()),
+                lease_duration_seconds: Some(self.settings.lease_duration.as_secs() as i32),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        match self.leases.create(&PostParams::default(), &lease).await {
+            Ok(_) => self.renewed = Some(sent),
+            Err(e) => tracing::warn!(
+                lease = %self.settings.lease_name,
+                namespace = %self.settings.namespace,
+                "creating the Lease failed: {e}"
+            ),
+        }
+    }
+
+    /// Gives the Lease up if this replica holds it: no holder, so a standby takes it at its next
+    /// look instead of waiting for it to expire.
+    async fn release(&mut self) {
+        let Ok(Some(mut lease)) = self.leases.get_opt(&self.settings.lease_name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        match self
+            .leases
+            .replace(&self.settings.lease_name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => tracing::info!(lease = %self.settings.lease_name, "Lease released"),
+            Err(e) => {
+                tracing::warn!(lease = %self.settings.lease_name, "releasing the Lease failed: {e}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(d: u64, r: u64, p: u64) -> LeaderSettings {
+        LeaderSettings {
+            lease_name: "l".into(),
+            namespace: "n".into(),
+            identity: "i".into(),
+            lease_duration: Duration::from_secs(d),
+            renew_deadline: Duration::from_secs(r),
+            retry_period: Duration::from_secs(p),
+        }
+    }
+
+    #[test]
+    fn timings_follow_client_go_rules() {
+        assert!(settings(15, 10, 2).check().is_ok());
+        for (d, r, p) in [
+            (10, 10, 2),
+            (15, 10, 10),
+            (15, 20, 2),
+            (15, 10, 0),
+            (0, 0, 0),
+        ] {
+            assert!(settings(d, r, p).check().is_err(), "{d} {r} {p}");
+        }
+        let mut s = settings(15, 10, 2);
+        s.lease_duration = Duration::from_millis(15_500);
+        assert!(s.check().unwrap_err().to_string().contains("whole number"));
+    }
+}

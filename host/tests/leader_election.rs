@@ -1,0 +1,288 @@
+//! Leader election on a Lease against the real API server: one leader at a time; a released Lease
+//! is taken within a retry period; a leader cut off from the API server stops before a standby
+//! starts; and, as the Deployment runs it, two host processes: SIGKILL the leader and the standby
+//! reconciles within the lease duration; SIGTERM it and the standby takes over within 2 s. Each
+//! process's metrics show that only one of them ever reconciles at a time.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use wasm_controller_manager::cluster::leader::{LeaderSettings, Leadership};
+use wasm_controller_manager::metrics::Metrics;
+
+fn settings(ns: &str, identity: &str) -> LeaderSettings {
+    LeaderSettings {
+        lease_name: "wcm-test".into(),
+        namespace: ns.into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(6),
+        renew_deadline: Duration::from_secs(4),
+        retry_period: Duration::from_millis(500),
+    }
+}
+
+async fn wait_leading(l: &Leadership, within: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    eventually("leading", within, || async {
+        Ok(l.is_leading().then_some(()))
+    })
+    .await?;
+    Ok(started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_leader_a_quick_hand_off_and_a_cut_off_leader_stops_first() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let ns = env.namespace("lease").await?;
+    let Some(local) = env.local() else {
+        eprintln!("skipped: needs the local cluster (a proxy to its apiserver)");
+        return Ok(());
+    };
+    let apiserver: SocketAddr = local.server.trim_start_matches("https://").parse()?;
+    let proxy = testenv::CuttableProxy::start(apiserver).await?;
+    let mut through_proxy = host_config().await?;
+    through_proxy.cluster_url = format!("https://{}", proxy.addr()).parse()?;
+    let direct = env.client().await?;
+    let metrics = Metrics::new();
+
+    // a (behind the proxy) leads; b stays a standby while a renews.
+    let a = Leadership::join(
+        kube::Client::try_from(through_proxy)?,
+        settings(&ns.name, "a"),
+        metrics.clone(),
+    )
+    .await?;
+    wait_leading(&a, Duration::from_secs(10)).await?;
+    let b = Leadership::join(direct.clone(), settings(&ns.name, "b"), metrics.clone()).await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(a.is_leading() && !b.is_leading(), "two leaders, or none");
+
+    // a is cut off: it stops leading before b starts.
+    let cut = Instant::now();
+    proxy.cut();
+    let mut a_stopped = None;
+    let mut b_started = None;
+    while b_started.is_none() && cut.elapsed() < Duration::from_secs(20) {
+        if a_stopped.is_none() && !a.is_leading() {
+            a_stopped = Some(cut.elapsed());
+        }
+        if b.is_leading() {
+            b_started = Some(cut.elapsed());
+            assert!(!a.is_leading(), "both lead at once");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (a_stopped, b_started) = (
+        a_stopped.context("the cut-off leader never stopped")?,
+        b_started.context("the standby never took over")?,
+    );
+    println!(
+        "cut off: the leader stopped after {a_stopped:?}, the standby led after {b_started:?}"
+    );
+    assert!(a_stopped < b_started);
+    assert!(a_stopped <= Duration::from_secs(5), "{a_stopped:?}");
+
+    // b releases (a graceful shutdown): a, reconnected, takes over within a retry period or two.
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!a.is_leading());
+    let released = Instant::now();
+    b.release().await;
+    wait_leading(&a, Duration::from_secs(10)).await?;
+    let handed = released.elapsed();
+    println!("released: the standby led {handed:?} after the release began");
+    assert!(handed <= Duration::from_secs(2), "{handed:?}");
+    a.release().await;
+    Ok(())
+}
+
+/// A free loopback port (bound, then let go).
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+struct Host {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Host {
+    fn start(dir: &Path, kubeconfig: &Path, lease_ns: &str, log: &Path) -> Result<Host> {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let child = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--plugins-dir")
+            .arg(dir)
+            .args(["--metrics-addr", &addr.to_string()])
+            .args([
+                "--leader-elect=true",
+                "--leader-elect-resource-namespace",
+                lease_ns,
+            ])
+            .args(["--leader-elect-lease-duration", "6s"])
+            .args(["--leader-elect-renew-deadline", "4s"])
+            .args(["--leader-elect-retry-period", "1s"])
+            .args(["--rescan-seconds", "2", "--retry-base-ms", "200"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()?;
+        Ok(Host { child, addr })
+    }
+
+    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        let (_, body) = http_get_at(self.addr, "/metrics").await?;
+        Ok(testenv::sum_metric(&body, name, labels))
+    }
+
+    async fn leading(&self) -> Result<bool> {
+        Ok(self
+            .metric(
+                "leader_election_master_status",
+                &[("name", "wasm-controller-manager")],
+            )
+            .await?
+            == 1.0)
+    }
+
+    async fn reconciles(&self) -> Result<f64> {
+        self.metric(
+            "controller_runtime_reconcile_total",
+            &[("controller", "well-behaved")],
+        )
+        .await
+    }
+
+    fn terminate(&self) -> Result<()> {
+        let pid = i32::try_from(self.child.id())?;
+        // SAFETY: kill(2) on a child process this test started.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        anyhow::ensure!(rc == 0, "kill SIGTERM failed");
+        Ok(())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn annotated(cms: &Api<ConfigMap>, value: &str) -> Result<Duration> {
+    let started = Instant::now();
+    cms.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"value": value}})),
+    )
+    .await?;
+    eventually(
+        &format!("c reconciled to {value}"),
+        Duration::from_secs(30),
+        || async {
+            let a = reconciled_annotations(cms).await?;
+            Ok((a.get("c").map(String::as_str) == Some(value)).then_some(()))
+        },
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("replicas").await?;
+    let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
+    let dir = temp_dir("replicas")?;
+    install(&dir, "well-behaved", "well-behaved.wasm")?;
+    grant_dir(&dir).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"value": "v0"}}))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    let logs = temp_dir("replicas-logs")?;
+
+    let mut first = Host::start(&dir, &kubeconfig, &ns.name, &logs.join("first.log"))?;
+    eventually(
+        "the first process leads",
+        Duration::from_secs(30),
+        || async { Ok(first.leading().await.ok().filter(|l| *l).map(|_| ())) },
+    )
+    .await?;
+    let second = Host::start(&dir, &kubeconfig, &ns.name, &logs.join("second.log"))?;
+    eventually(
+        "the second process is ready, a standby",
+        Duration::from_secs(30),
+        || async {
+            let ready = http_get_at(second.addr, "/readyz")
+                .await
+                .ok()
+                .map(|(code, _)| code);
+            Ok((ready == Some(200) && !second.leading().await?).then_some(()))
+        },
+    )
+    .await?;
+    annotated(&cms, "v1").await?;
+    assert!(first.reconciles().await? >= 1.0);
+    assert_eq!(second.reconciles().await?, 0.0, "a standby reconciled");
+
+    // SIGKILL the leader: the standby reconciles within the lease duration (6 s) and a round.
+    let killed = Instant::now();
+    first.child.kill()?;
+    first.child.wait()?;
+    annotated(&cms, "v2").await?;
+    let took = killed.elapsed();
+    println!("SIGKILL: the standby reconciled {took:?} after the kill");
+    assert!(took <= Duration::from_secs(9), "{took:?}");
+    assert!(second.reconciles().await? >= 1.0);
+
+    // A new standby; SIGTERM the leader: it releases the Lease and the standby leads within 2 s.
+    let third = Host::start(&dir, &kubeconfig, &ns.name, &logs.join("third.log"))?;
+    eventually(
+        "the third process is a ready standby",
+        Duration::from_secs(30),
+        || async {
+            let ready = http_get_at(third.addr, "/readyz")
+                .await
+                .ok()
+                .map(|(code, _)| code);
+            Ok((ready == Some(200)).then_some(()))
+        },
+    )
+    .await?;
+    assert_eq!(third.reconciles().await?, 0.0, "a standby reconciled");
+    let termed = Instant::now();
+    second.terminate()?;
+    eventually(
+        "the third process leads",
+        Duration::from_secs(10),
+        || async { Ok(third.leading().await.ok().filter(|l| *l).map(|_| ())) },
+    )
+    .await?;
+    let handed = termed.elapsed();
+    let mut second = second;
+    let status = second.child.wait()?;
+    println!("SIGTERM: the standby led {handed:?} after the signal; the leader exited {status}");
+    assert!(
+        status.success(),
+        "the leader did not exit 0 on SIGTERM: {status}"
+    );
+    assert!(handed <= Duration::from_secs(2), "hand-off took {handed:?}");
+    annotated(&cms, "v3").await?;
+    assert!(third.reconciles().await? >= 1.0);
+    Ok(())
+}
