@@ -97,18 +97,11 @@ async fn slow_and_failing_event_writes_hold_up_no_reconcile_and_no_other_event()
         },
     )
     .await?;
-    let regarding = |e: &Event| e.regarding.as_ref().and_then(|r| r.name.clone());
     eventually(
         "the events about ok-* written",
         Duration::from_secs(30),
         || async {
-            let written: Vec<String> = events
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter_map(regarding)
-                .collect();
+            let written = regarded(&events).await?;
             Ok((0..10)
                 .all(|i| written.contains(&format!("ok-{i}")))
                 .then_some(()))
@@ -144,13 +137,7 @@ async fn slow_and_failing_event_writes_hold_up_no_reconcile_and_no_other_event()
         "the held events written",
         Duration::from_secs(60),
         || async {
-            let written: Vec<String> = events
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter_map(regarding)
-                .collect();
+            let written = regarded(&events).await?;
             assert!(
                 !written.iter().any(|n| n.starts_with("fail-")),
                 "{written:?}"
@@ -175,6 +162,17 @@ async fn slow_and_failing_event_writes_hold_up_no_reconcile_and_no_other_event()
         .delete(&webhook_name, &DeleteParams::default())
         .await?;
     Ok(())
+}
+
+/// The names of the objects the Events of the namespace are about.
+async fn regarded(events: &Api<Event>) -> Result<Vec<String>> {
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.regarding?.name)
+        .collect())
 }
 
 fn webhook_config(

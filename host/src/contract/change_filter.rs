@@ -32,21 +32,12 @@ struct Declared {
 
 /// The filter of each watch, the primary first and then each secondary in order.
 pub fn filters(d: &Description) -> Result<Vec<ChangeFilter>, String> {
-    let declared = match d.extensions.iter().find(|(k, _)| k == EXTENSION) {
-        None => Declared::default(),
-        Some((_, v)) => serde_json::from_str::<Declared>(v).map_err(|e| {
-            format!(
-                "extension {EXTENSION}: {e} (expected {{\"primary\": \"ignore-status\"|\"generation\"|\"all\", \"secondaries\": [...]}})"
-            )
-        })?,
-    };
-    if declared.secondaries.len() > d.secondaries.len() {
-        return Err(format!(
-            "extension {EXTENSION} names {} secondary filters for {} secondaries",
-            declared.secondaries.len(),
-            d.secondaries.len()
-        ));
-    }
+    let declared: Declared = super::extension(
+        d,
+        EXTENSION,
+        r#"{"primary": "ignore-status"|"generation"|"all", "secondaries": [...]}"#,
+        |x: &Declared| x.secondaries.len(),
+    )?;
     let mut out = vec![declared.primary.unwrap_or_default()];
     for i in 0..d.secondaries.len() {
         out.push(

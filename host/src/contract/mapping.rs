@@ -40,21 +40,12 @@ struct Declared {
 
 /// The extended mapping of each secondary watch, in order (`None`: its own 0.1 mapping).
 pub fn mappings(d: &Description) -> Result<Vec<Option<ExtraMapping>>, String> {
-    let declared = match d.extensions.iter().find(|(k, _)| k == EXTENSION) {
-        None => Declared::default(),
-        Some((_, v)) => serde_json::from_str::<Declared>(v).map_err(|e| {
-            format!(
-                "extension {EXTENSION}: {e} (expected {{\"secondaries\": [null | \"any-owner\" | {{\"label\": KEY}}, ...]}})"
-            )
-        })?,
-    };
-    if declared.secondaries.len() > d.secondaries.len() {
-        return Err(format!(
-            "extension {EXTENSION} names {} mappings for {} secondaries",
-            declared.secondaries.len(),
-            d.secondaries.len()
-        ));
-    }
+    let declared: Declared = super::extension(
+        d,
+        EXTENSION,
+        r#"{"secondaries": [null | "any-owner" | {"label": KEY}, ...]}"#,
+        |x: &Declared| x.secondaries.len(),
+    )?;
     for m in declared.secondaries.iter().flatten() {
         if let ExtraMapping::Label(key) = m {
             validate::label_key(key).map_err(|e| format!("extension {EXTENSION}: {e}"))?;
@@ -97,7 +88,7 @@ mod tests {
             (r#"{"secondaries": ["sideways"]}"#, "unknown variant"),
             (
                 r#"{"secondaries": [null, null]}"#,
-                "2 mappings for 1 secondaries",
+                "2 entries for 1 secondaries",
             ),
             (r#"{"secondaries": [{"label": "a b"}]}"#, "label key"),
             (r#"{"secondaries": [{"label": ""}]}"#, "label key"),

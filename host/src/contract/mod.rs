@@ -53,6 +53,29 @@ impl std::fmt::Display for KindKey {
     }
 }
 
+/// A `describe` extension parsed as `T` (its default when the plugin did not declare it), and
+/// checked to name at most one entry per secondary watch (`count` gives how many it names).
+pub(crate) fn extension<T: serde::de::DeserializeOwned + Default>(
+    d: &Description,
+    key: &str,
+    expected: &str,
+    count: impl Fn(&T) -> usize,
+) -> Result<T, String> {
+    let declared = match d.extensions.iter().find(|(k, _)| k == key) {
+        None => T::default(),
+        Some((_, v)) => serde_json::from_str::<T>(v)
+            .map_err(|e| format!("extension {key}: {e} (expected {expected})"))?,
+    };
+    if count(&declared) > d.secondaries.len() {
+        return Err(format!(
+            "extension {key} names {} entries for {} secondaries",
+            count(&declared),
+            d.secondaries.len()
+        ));
+    }
+    Ok(declared)
+}
+
 /// A description of a plugin on Pods with `secondaries` more Pod watches (same-key) and
 /// `extension` = `value` when given: what the extensions' tests parse.
 #[cfg(test)]

@@ -3,10 +3,9 @@
 //! and event writes apart.
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use serde_json::json;
 use wcm_sdk::{
-    Action, Context, Description, Error, EventType, ObjectRef, Patch, Permission, Reconciler,
-    Request, Watch,
+    Action, Context, Description, Error, EventType, ObjectRef, Permission, Reconciler, Request,
+    Watch,
 };
 
 const ANNOTATION: &str = "wcm.test/reconciled";
@@ -24,29 +23,16 @@ impl Reconciler for EventRecorder {
         let Some(cm) = req.object::<ConfigMap>()? else {
             return Ok(Action::done());
         };
-        let value = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get("value"))
-            .map_or("yes", String::as_str);
-        let current = cm
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION));
-        if current.map(String::as_str) != Some(value) {
+        let value = test_plugins::value_of(&cm);
+        let note = format!("value is {value}");
+        if test_plugins::annotate(ctx, &cm, ANNOTATION, value)? {
             ctx.recorder().publish(
                 &ObjectRef::from_obj(&cm),
                 EventType::Normal,
                 "Seen",
                 "Observe",
-                &format!("value is {value}"),
+                &note,
             );
-            ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default())
-                .patch(
-                    req.name(),
-                    &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION: value}}})),
-                )?;
         }
         Ok(Action::done())
     }

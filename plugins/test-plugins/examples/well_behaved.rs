@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
-use wcm_sdk::{Action, Context, Description, Error, Patch, Permission, Reconciler, Request};
+use wcm_sdk::{Action, Context, Description, Error, Permission, Reconciler, Request};
 
 const ANNOTATION: &str = "wcm.test/reconciled";
 
@@ -33,24 +33,7 @@ impl Reconciler for WellBehaved {
                 Err(e) => Err(e.into()),
             };
         };
-        let want = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get("value"))
-            .map_or("yes", String::as_str);
-        let current = cm
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION));
-        // Patching only on a difference ends the loop: our own patch comes back as a watch event.
-        if current.map(String::as_str) != Some(want) {
-            let api = ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default());
-            api.patch(
-                req.name(),
-                &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION: want}}})),
-            )?;
-        }
+        test_plugins::annotate(ctx, &cm, ANNOTATION, test_plugins::value_of(&cm))?;
         Ok(Action::done())
     }
 }

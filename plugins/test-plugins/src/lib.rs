@@ -3,10 +3,35 @@
 //! `typed-pod-noop` and `noop`. This library holds what they share.
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use wcm_sdk::{Description, Watch};
+use serde_json::json;
+use wcm_sdk::{Context, Description, Error, Patch, Watch};
 
 /// The version every test plugin reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The ConfigMap's `data.value`, or `"yes"` without one.
+pub fn value_of(cm: &ConfigMap) -> &str {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .map_or("yes", String::as_str)
+}
+
+/// Sets annotation `key` of the ConfigMap to `value` when it differs, and says whether it did.
+/// Patching only on a difference ends the loop: the plugin's own patch comes back as a change.
+pub fn annotate(ctx: &Context, cm: &ConfigMap, key: &str, value: &str) -> Result<bool, Error> {
+    let current = cm.metadata.annotations.as_ref().and_then(|a| a.get(key));
+    if current.map(String::as_str) == Some(value) {
+        return Ok(false);
+    }
+    let name = cm.metadata.name.as_deref().unwrap_or_default();
+    ctx.api_namespaced::<ConfigMap>(cm.metadata.namespace.as_deref().unwrap_or_default())
+        .patch(
+            name,
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )?;
+    Ok(true)
+}
 
 /// A plugin named `name` whose primary watch is every ConfigMap (full objects, all namespaces).
 pub fn configmap_plugin(name: &str) -> Description {
