@@ -70,6 +70,8 @@ pub struct Manager {
     gate: Arc<tokio::sync::watch::Sender<bool>>,
     leadership: Option<Leadership>,
     gate_task: Option<tokio::task::JoinHandle<()>>,
+    /// Keeps "holds the Lease" true when no election is held.
+    _always: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 /// The client configuration from a kubeconfig file, or the usual inference (KUBECONFIG,
@@ -131,6 +133,14 @@ impl Manager {
             None => None,
         };
         let (gate, leading) = tokio::sync::watch::channel(leadership.is_none());
+        // Without an election the Lease is, in effect, always held.
+        let (always, holds_lease) = match &leadership {
+            Some(l) => (None, l.subscribe()),
+            None => {
+                let (tx, rx) = tokio::sync::watch::channel(true);
+                (Some(tx), rx)
+            }
+        };
         let gate = Arc::new(gate);
         let gate_task = leadership.as_ref().map(|l| {
             let (gate, mut lead) = (gate.clone(), l.subscribe());
@@ -146,6 +156,7 @@ impl Manager {
         });
         let parts = Arc::new(ControllerParts {
             leading,
+            holds_lease,
             runtime,
             informers: informers.clone(),
             api,
@@ -199,6 +210,7 @@ impl Manager {
             gate,
             leadership,
             gate_task,
+            _always: always,
         })
     }
 
@@ -209,9 +221,11 @@ impl Manager {
 
     /// Stops taking keys, lets in-flight reconciles finish (each controller waits for its calls),
     /// stops every plugin, then releases the Lease so a standby takes over at once.
-    pub async fn stop(self) {
-        if let Some(t) = &self.gate_task {
+    pub async fn stop(mut self) {
+        // The gate task is gone before the gate closes, so nothing opens it again.
+        if let Some(t) = self.gate_task.take() {
             t.abort();
+            let _ = t.await;
         }
         self.gate.send_replace(false);
         self.plugin_task.abort();

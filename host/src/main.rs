@@ -279,7 +279,7 @@ struct RunArgs {
 struct LeaderArgs {
     /// Elect a leader on a Lease: only the leader reconciles, standbys keep their caches warm and
     /// take over when it goes. Needed with more than one replica.
-    #[arg(long, env = "WCM_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = "WCM_LEADER_ELECT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     leader_elect: bool,
     /// How long a standby waits after the leader's last renewal before taking over.
     #[arg(long, env = "WCM_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
@@ -369,7 +369,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
+        "m" => n
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{s:?} is too long")),
         _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
     }
 }

@@ -126,6 +126,11 @@ fn waiting_because(reason: &'static str) -> impl Fn(&FileStatus) -> bool {
 async fn a_forbidden_watch_and_a_late_crd_hold_up_no_one() -> Result<()> {
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
+    // A run that failed half-way on a kept cluster may have left the CRD behind.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds.get_opt(CRD_NAME).await?.is_some() {
+        delete_crd(&client).await?;
+    }
     let ns = env.namespace("late").await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let cm: ConfigMap =

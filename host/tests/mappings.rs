@@ -38,6 +38,32 @@ async fn wait_refs(cms: &Api<ConfigMap>, want: &[(&str, &str)]) -> Result<()> {
     .await
 }
 
+/// Waits until the plugin has been idle for a second (no reconcile, nothing queued): a primary's
+/// own annotation write wakes it once more, and that reconcile must not happen after the next
+/// step's change, or it would find the refs itself and hide a mapping that does not work.
+async fn settled(manager: &wasm_controller_manager::app::Manager) -> Result<()> {
+    let count = || {
+        metric(
+            manager,
+            "controller_runtime_reconcile_total",
+            &[("controller", "mapper")],
+        )
+    };
+    let mut last = count();
+    let mut quiet_since = std::time::Instant::now();
+    eventually("the mapper idle", Duration::from_secs(30), || {
+        let now = count();
+        let queued = metric(manager, "workqueue_depth", &[("name", "mapper")]);
+        if now != last || queued > 0.0 {
+            last = now;
+            quiet_since = std::time::Instant::now();
+        }
+        let idle = quiet_since.elapsed() >= Duration::from_secs(1);
+        async move { Ok::<_, anyhow::Error>(idle.then_some(())) }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn any_owner_and_label_mappings_wake_the_primaries_they_name() -> Result<()> {
     let env = testenv::TestEnv::shared().await?;
@@ -57,6 +83,7 @@ async fn any_owner_and_label_mappings_wake_the_primaries_they_name() -> Result<(
         uids.push(made.metadata.uid.context("no uid")?);
     }
     wait_refs(&cms, &[("p1", ""), ("p2", "")]).await?;
+    settled(&manager).await?;
 
     // Owned by p1 (controller) and p2 (not controller): both are woken.
     let owned: ConfigMap = serde_json::from_value(json!({"metadata": {
@@ -68,6 +95,7 @@ async fn any_owner_and_label_mappings_wake_the_primaries_they_name() -> Result<(
     }}))?;
     cms.create(&PostParams::default(), &owned).await?;
     wait_refs(&cms, &[("p1", "o"), ("p2", "o")]).await?;
+    settled(&manager).await?;
 
     // Labelled with p2: p2 is woken.
     let labelled: ConfigMap = serde_json::from_value(json!({"metadata": {
@@ -75,6 +103,7 @@ async fn any_owner_and_label_mappings_wake_the_primaries_they_name() -> Result<(
     }}))?;
     cms.create(&PostParams::default(), &labelled).await?;
     wait_refs(&cms, &[("p1", "o"), ("p2", "l,o")]).await?;
+    settled(&manager).await?;
 
     // Its label moves to p1: both the old and the new primary are woken.
     cms.patch(

@@ -482,10 +482,32 @@ async fn the_host_needs_only_the_rbac_it_generates_for_its_plugins() -> Result<(
         Some(&discovery),
     )
     .await?;
-    wasm_controller_manager::loading::rbac::apply(&client, &out.objects).await?;
+    // First without the host's own list/watch: the plugin waits, saying so, instead of starting
+    // informers whose caches could never fill.
+    let (watch, rest): (Vec<_>, Vec<_>) = out
+        .objects
+        .iter()
+        .cloned()
+        .partition(|o| o["metadata"]["name"] == "wcm-host:watch");
+    assert!(
+        !watch.is_empty(),
+        "no host watch grant in {:?}",
+        out.objects
+    );
+    wasm_controller_manager::loading::rbac::apply(&client, &rest).await?;
     let host = service_account_config(&client, "wcm-system", "wcm-test-host").await?;
-    let mark = env.audit_mark()?;
     let manager = wasm_controller_manager::app::Manager::start(test_config(&dir), host).await?;
+    let status = wait_status_within(
+        &manager,
+        "wb",
+        "waits for the host's own grant",
+        Duration::from_secs(30),
+        |s| format!("{s:?}").contains("the host's own identity may not"),
+    )
+    .await?;
+    assert!(format!("{status:?}").contains("configmaps"), "{status:?}");
+    wasm_controller_manager::loading::rbac::apply(&client, &watch).await?;
+    let mark = env.audit_mark()?;
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "wcm-host-rbac");
     cms.create(&PostParams::default(), &cm("c1", &[("value", "least")]))

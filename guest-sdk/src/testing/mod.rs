@@ -495,8 +495,19 @@ impl MockHost {
         let gk = group_kind(&primary.kind);
         let seen = st.cache.get(&gk).and_then(|objs| objs.get(key));
         let now = st.api.get(&gk).and_then(|objs| objs.get(key));
+        // A write that changed nothing but the resourceVersion sends no watch event.
+        let content = |o: &Value| {
+            let mut o = o.clone();
+            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+                m.remove("managedFields");
+            }
+            o
+        };
         match (seen, now) {
-            (Some(seen), Some(now)) => seen != now && primary.changes.wakes(seen, now),
+            (Some(seen), Some(now)) => {
+                content(seen) != content(now) && primary.changes.wakes(seen, now)
+            }
             // Created or deleted: always delivered.
             (None, Some(_)) | (Some(_), None) => true,
             (None, None) => false,

@@ -107,36 +107,52 @@ impl PluginIdentity {
     /// Asks the API server whether this identity may do `access` (a SelfSubjectAccessReview made
     /// as the plugin, so the host needs no right to review others).
     pub async fn may(&self, access: &Access) -> anyhow::Result<bool> {
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    verb: Some(access.verb.into()),
-                    group: Some(access.group.clone()),
-                    resource: Some(access.resource.clone()),
-                    namespace: access.namespace.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
-        match api.create(&PostParams::default(), &review).await {
-            Ok(answer) => Ok(answer.status.is_some_and(|s| s.allowed)),
-            // The host may not act as this plugin (its impersonation right is gone): nothing is
-            // allowed.
-            Err(kube::Error::Api(e)) if e.code == 401 || e.code == 403 => Ok(false),
-            Err(e) => Err(anyhow::anyhow!("access review as {}: {e}", self.username)),
-        }
+        client_may(&self.client, access)
+            .await
+            .map_err(|e| anyhow::anyhow!("access review as {}: {e}", self.username))
     }
 
     /// The first of `accesses` the API server does not allow, if any.
     pub async fn first_denied(&self, accesses: &[Access]) -> anyhow::Result<Option<Access>> {
-        for a in accesses {
-            if !self.may(a).await? {
-                return Ok(Some(a.clone()));
-            }
+        first_denied(&self.client, accesses).await
+    }
+}
+
+/// The first of `accesses` the API server does not allow the client's identity, if any.
+pub async fn first_denied(
+    client: &kube::Client,
+    accesses: &[Access],
+) -> anyhow::Result<Option<Access>> {
+    for a in accesses {
+        if !client_may(client, a).await? {
+            return Ok(Some(a.clone()));
         }
-        Ok(None)
+    }
+    Ok(None)
+}
+
+/// Asks the API server whether the client's own identity may do `access` (a
+/// SelfSubjectAccessReview, which every authenticated user may make).
+pub async fn client_may(client: &kube::Client, access: &Access) -> anyhow::Result<bool> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(access.verb.into()),
+                group: Some(access.group.clone()),
+                resource: Some(access.resource.clone()),
+                namespace: access.namespace.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    match api.create(&PostParams::default(), &review).await {
+        Ok(answer) => Ok(answer.status.is_some_and(|s| s.allowed)),
+        // The host may not act as this identity (its impersonation right is gone): nothing
+        // is allowed.
+        Err(kube::Error::Api(e)) if e.code == 401 || e.code == 403 => Ok(false),
+        Err(e) => Err(anyhow::anyhow!("{e}")),
     }
 }

@@ -9,7 +9,9 @@
 //!   leading. `renew_deadline < lease_duration`, so a leader cut off from the API server stops
 //!   reconciling before any standby may start;
 //! - every write carries the `resourceVersion` it read: of two replicas racing for the Lease, one
-//!   gets 409 Conflict.
+//!   gets 409 Conflict. A Lease deleted under a leader is made again by a standby only once the
+//!   leader's lease would have expired;
+//! - a standby waits the longer of its own lease duration and the one the holder wrote.
 //!
 //! Why not a crate: kube-rs has no elector, and kube-lease-manager (read for this) keeps saying
 //! "leader" while its renewals fail, and its standby sleeps until the old expiry even after the
@@ -47,6 +49,12 @@ impl LeaderSettings {
         if self.lease_duration.subsec_nanos() != 0 || self.lease_duration.as_secs() == 0 {
             bail!(
                 "--leader-elect-lease-duration must be a whole number of seconds, at least 1 (got {:?})",
+                self.lease_duration
+            );
+        }
+        if self.lease_duration > Duration::from_secs(3600) {
+            bail!(
+                "--leader-elect-lease-duration must be at most 1h (got {:?})",
                 self.lease_duration
             );
         }
@@ -90,6 +98,7 @@ impl Leadership {
             metrics,
             observed: None,
             renewed: None,
+            warned: None,
         };
         let task = tokio::spawn(elector.run(stopped));
         Ok(Leadership {
@@ -134,13 +143,32 @@ struct Elector {
     observed: Option<(Observed, Instant)>,
     /// When this replica sent its last successful renewal.
     renewed: Option<Instant>,
+    /// When a failure to read the Lease was last logged as a warning.
+    warned: Option<Instant>,
 }
 
+/// A Lease record as a standby judges it: any change restarts its wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Observed {
-    holder: Option<String>,
-    renew_time: Option<MicroTime>,
-    transitions: i32,
+enum Observed {
+    /// The Lease does not exist (deleted, or never made).
+    Missing,
+    Record {
+        holder: Option<String>,
+        renew_time: Option<MicroTime>,
+        transitions: i32,
+        /// The holder's lease duration: a standby waits the longer of it and its own.
+        duration: Option<i32>,
+        resource_version: Option<String>,
+    },
+}
+
+impl Observed {
+    fn holder(&self) -> Option<&str> {
+        match self {
+            Observed::Record { holder, .. } => holder.as_deref(),
+            Observed::Missing => None,
+        }
+    }
 }
 
 impl Elector {
@@ -148,9 +176,19 @@ impl Elector {
         let mut tick = tokio::time::interval(self.settings.retry_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // The leader's own deadline wakes it too: it stops leading exactly then, not at the
+            // next round.
+            let deadline = self
+                .renewed
+                .filter(|_| *self.leading.borrow())
+                .map(|t| t + self.settings.renew_deadline);
             tokio::select! {
                 _ = &mut stopped => break,
                 _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    self.set_leading(false);
+                    continue;
+                }
             }
             // A slow API server cannot hold a leader past its deadline: the round is cut there.
             let limit = match self.renewed {
@@ -186,51 +224,77 @@ impl Elector {
     async fn step(&mut self) {
         let me = self.settings.identity.clone();
         let lease = match self.leases.get_opt(&self.settings.lease_name).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => {
-                self.create().await;
-                return;
-            }
+            Ok(lease) => lease,
             Err(e) => {
-                tracing::debug!(lease = %self.settings.lease_name, "reading the Lease failed: {e}");
+                self.read_failed(&e);
                 return;
             }
         };
-        let spec = lease.spec.clone().unwrap_or_default();
-        let seen = Observed {
-            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
-            renew_time: spec.renew_time.clone(),
-            transitions: spec.lease_transitions.unwrap_or(0),
+        let seen = match &lease {
+            None => Observed::Missing,
+            Some(l) => {
+                let spec = l.spec.clone().unwrap_or_default();
+                Observed::Record {
+                    holder: spec.holder_identity.filter(|h| !h.is_empty()),
+                    renew_time: spec.renew_time,
+                    transitions: spec.lease_transitions.unwrap_or(0),
+                    duration: spec.lease_duration_seconds,
+                    resource_version: l.metadata.resource_version.clone(),
+                }
+            }
         };
-        if self.observed.as_ref().map(|(o, _)| o) != Some(&seen) {
+        let previous = self.observed.as_ref().map(|(o, _)| o.clone());
+        if previous.as_ref() != Some(&seen) {
             self.observed = Some((seen.clone(), Instant::now()));
         }
-        let since_change = self.observed.as_ref().map(|(_, at)| at.elapsed());
-        let take = match seen.holder.as_deref() {
-            Some(h) if h == me => true,
-            None => true,
-            Some(_) => since_change.is_some_and(|d| d > self.settings.lease_duration),
+        let since_change = self
+            .observed
+            .as_ref()
+            .map_or(Duration::ZERO, |(_, at)| at.elapsed());
+        // The longer of our lease duration and the one the holder wrote.
+        let record_secs = match &seen {
+            Observed::Record {
+                duration: Some(d), ..
+            } => u64::try_from(*d).unwrap_or(0),
+            _ => 0,
+        };
+        let wait = self
+            .settings
+            .lease_duration
+            .max(Duration::from_secs(record_secs));
+        let held_by_other = |o: &Observed| o.holder().is_some_and(|h| h != me);
+        let take = match (&lease, seen.holder()) {
+            (_, Some(h)) if h == me => true,
+            // Missing: made at once on a first look or when nobody else held it; after another
+            // holder's Lease vanished, only once that holder's lease would have expired.
+            (None, _) => !previous.as_ref().is_some_and(held_by_other) || since_change > wait,
+            (Some(_), None) => true,
+            (Some(_), Some(_)) => since_change > wait,
         };
         if !take {
             self.renewed = None;
             return;
         }
-        let new_holder = seen.holder.as_deref() != Some(me.as_str());
+        let Some(lease) = lease else {
+            self.create().await;
+            return;
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let new_holder = seen.holder() != Some(me.as_str());
         let sent = Instant::now();
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let transitions = spec.lease_transitions.unwrap_or(0);
         let mut next = lease;
         next.spec = Some(LeaseSpec {
             holder_identity: Some(me.clone()),
-            lease_duration_seconds: Some(self.settings.lease_duration.as_secs() as i32),
+            lease_duration_seconds: Some(self.lease_seconds()),
             renew_time: Some(now.clone()),
             acquire_time: if new_holder {
                 Some(now)
             } else {
                 spec.acquire_time.clone()
             },
-            lease_transitions: Some(
-                seen.transitions + i32::from(new_holder && seen.holder.is_some()),
-            ),
+            lease_transitions: Some(transitions + i32::from(new_holder && seen.holder().is_some())),
             ..spec
         });
         // The resourceVersion read above is the precondition: a racing replica gets 409.
@@ -241,8 +305,35 @@ impl Elector {
         {
             Ok(_) => self.renewed = Some(sent),
             Err(e) => {
+                // Lost a race (409) or could not write: lead no longer than the deadline allows.
+                if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                    self.renewed = None;
+                }
                 tracing::debug!(lease = %self.settings.lease_name, "writing the Lease failed: {e}")
             }
+        }
+    }
+
+    fn lease_seconds(&self) -> i32 {
+        i32::try_from(self.settings.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
+
+    /// A Lease that cannot be read: a warning at most every 30 s when it is the API server
+    /// refusing (RBAC, a namespace that does not exist), as every replica then stays a standby.
+    fn read_failed(&mut self, e: &kube::Error) {
+        let refused = matches!(e, kube::Error::Api(s) if matches!(s.code, 401 | 403 | 404));
+        let due = self
+            .warned
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(30));
+        if refused && due {
+            self.warned = Some(Instant::now());
+            tracing::warn!(
+                lease = %self.settings.lease_name,
+                namespace = %self.settings.namespace,
+                "cannot read the leader-election Lease (this replica cannot lead): {e}"
+            );
+        } else {
+            tracing::debug!(lease = %self.settings.lease_name, "reading the Lease failed: {e}");
         }
     }
 
@@ -257,7 +348,7 @@ impl Elector {
             },
             spec: Some(LeaseSpec {
                 holder_identity: Some(self.settings.identity.clone()),
-                lease_duration_seconds: Some(self.settings.lease_duration.as_secs() as i32),
+                lease_duration_seconds: Some(self.lease_seconds()),
                 acquire_time: Some(now.clone()),
                 renew_time: Some(now),
                 lease_transitions: Some(0),
@@ -266,11 +357,15 @@ impl Elector {
         };
         match self.leases.create(&PostParams::default(), &lease).await {
             Ok(_) => self.renewed = Some(sent),
-            Err(e) => tracing::warn!(
+            Err(e) => {
+                // Another replica made it first, or it cannot be made: not leading.
+                self.renewed = None;
+                tracing::warn!(
                 lease = %self.settings.lease_name,
                 namespace = %self.settings.namespace,
-                "creating the Lease failed: {e}"
-            ),
+                    "creating the Lease failed: {e}"
+                );
+            }
         }
     }
 

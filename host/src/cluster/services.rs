@@ -21,36 +21,49 @@ use crate::engine::rate_limit::TokenBucket;
 use crate::metrics::Metrics;
 use crate::sandbox::http::HostRule;
 
-/// One store per watched kind, with the namespace it is limited to (the first watch of a kind
-/// wins when several select different subsets; cache reads by kind then see that subset).
+/// The stores of a plugin's watches, by kind, with the namespace each is limited to and whether
+/// it holds metadata only. Reads of a kind watched several times see the union of its stores.
 #[derive(Default)]
 pub struct PluginCache {
-    stores: Vec<(KindKey, Option<String>, Arc<ObjectStore>)>,
+    stores: Vec<(KindKey, Option<String>, Arc<ObjectStore>, bool)>,
 }
 
 impl PluginCache {
     /// Adds the store of one watch. A plugin may watch one kind several times (other namespaces
     /// or selectors): reads of that kind see all of them.
-    pub fn add(&mut self, kind: KindKey, namespace: Option<String>, store: Arc<ObjectStore>) {
-        if !self.stores.iter().any(|(_, _, s)| Arc::ptr_eq(s, &store)) {
-            self.stores.push((kind, namespace, store));
+    pub fn add(
+        &mut self,
+        kind: KindKey,
+        namespace: Option<String>,
+        store: Arc<ObjectStore>,
+        metadata_only: bool,
+    ) {
+        if !self
+            .stores
+            .iter()
+            .any(|(_, _, s, _)| Arc::ptr_eq(s, &store))
+        {
+            self.stores.push((kind, namespace, store, metadata_only));
         }
     }
 
-    /// The stores of the watches of `kind` (empty when the plugin does not watch it).
+    /// The stores of the watches of `kind` (empty when the plugin does not watch it), those with
+    /// full objects first: an object in both reads as the full one.
     pub fn stores(&self, kind: &KindKey) -> Vec<&Arc<ObjectStore>> {
-        self.stores
+        let mut out: Vec<_> = self
+            .stores
             .iter()
-            .filter(|(k, _, _)| k == kind)
-            .map(|(_, _, s)| s)
-            .collect()
+            .filter(|(k, _, _, _)| k == kind)
+            .collect();
+        out.sort_by_key(|(_, _, _, metadata_only)| *metadata_only);
+        out.into_iter().map(|(_, _, s, _)| s).collect()
     }
 
     /// Whether the plugin watches `kind` where `namespace` lies.
     pub fn covers(&self, kind: &KindKey, namespace: Option<&str>) -> bool {
         self.stores
             .iter()
-            .any(|(k, ns, _)| k == kind && (ns.is_none() || ns.as_deref() == namespace))
+            .any(|(k, ns, _, _)| k == kind && (ns.is_none() || ns.as_deref() == namespace))
     }
 }
 
@@ -192,6 +205,9 @@ pub struct Reach {
     pub events: EventSink,
     pub secrets: BTreeMap<String, String>,
     pub metrics: Arc<Metrics>,
+    /// True while this replica leads: a reconcile still running when leadership goes may read,
+    /// but its writes are refused, so two replicas never write for one plugin at once.
+    pub leading: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Everything a plugin's host calls can use. Built once per loaded plugin and shared by its calls;
@@ -273,6 +289,17 @@ impl Services {
             ));
         };
         let verb = req.verb.as_str();
+        if !matches!(
+            req.verb,
+            crate::cluster::api::Verb::Get | crate::cluster::api::Verb::List
+        ) && !*reach.leading.borrow()
+        {
+            return Err(ApiFailure::new(
+                503,
+                "NotLeader",
+                "this replica no longer leads: the write was not sent (the key is retried by the leader)",
+            ));
+        }
         if let Err(e) = check_request(req) {
             self.warn(format_args!("API call refused ({verb}): {e}"));
             reach.metrics.invalid_call(&self.plugin, verb);
@@ -313,6 +340,10 @@ impl Services {
             tracing::debug!(plugin = %self.plugin, "event dropped: events are not available while describing");
             return;
         };
+        if !*reach.leading.borrow() {
+            tracing::debug!(plugin = %self.plugin, "event dropped: this replica no longer leads");
+            return;
+        }
         let refused = check_event(&event, kind).err().or_else(|| {
             let k = KindKey::from(kind);
             let ours =

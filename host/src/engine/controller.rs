@@ -77,6 +77,10 @@ pub struct ControllerParts {
     /// True while this replica may reconcile (it leads, or no election is held). A standby keeps
     /// its caches and queues warm and takes no key.
     pub leading: tokio::sync::watch::Receiver<bool>,
+    /// True while this replica holds the Lease (or no election is held): plugins' writes are
+    /// refused without it. Unlike `leading`, it stays true during a graceful shutdown, so
+    /// in-flight reconciles finish their writes before the Lease is released.
+    pub holds_lease: tokio::sync::watch::Receiver<bool>,
 }
 
 pub struct Controller {
@@ -138,6 +142,7 @@ pub fn plugin_cache(informers: &[Arc<Informer>]) -> PluginCache {
             },
             k.namespace.clone(),
             i.store().clone(),
+            k.metadata_only,
         );
     }
     cache

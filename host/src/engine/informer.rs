@@ -160,6 +160,11 @@ impl Informers {
         }
     }
 
+    /// The host's own client, which the informers list and watch with.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     /// The informer for `key`, started if no one holds it.
     pub fn acquire(&self, key: InformerKey) -> Arc<Informer> {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());

@@ -365,6 +365,7 @@ impl PluginManager {
         self.waiting.lock().await.retain(|stem, w| {
             let keep = on_disk.contains_key(stem);
             if !keep {
+                self.set_waiting(&w.plugin, None);
                 removed_plugins.push(w.plugin.clone());
             }
             keep
@@ -732,6 +733,34 @@ impl PluginManager {
                 ));
             }
         }
+        // The shared informers list and watch as the host: without that right of its own their
+        // caches would never fill, and the start would wait for them until its timeout.
+        match crate::cluster::identity::first_denied(self.parts.informers.client(), &accesses).await
+        {
+            Ok(None) => {}
+            Ok(Some(denied)) => {
+                return Err(waiting(
+                    WaitReason::Forbidden,
+                    format!(
+                        "the host's own identity may not {} {} (group {:?}){}: grant it what `wasm-controller-manager rbac --host-service-account NAMESPACE/NAME` prints",
+                        denied.verb,
+                        denied.resource,
+                        denied.group,
+                        denied
+                            .namespace
+                            .as_deref()
+                            .map(|n| format!(" in namespace {n}"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(waiting(
+                    WaitReason::Unreachable,
+                    format!("cannot check the host's own grants: {e:#}"),
+                ));
+            }
+        }
         let keys: Vec<_> = watches.iter().map(|(k, _)| k.clone()).collect();
         let namespaced: Vec<bool> = watches.iter().map(|(_, n)| *n).collect();
         let asked = settings
@@ -810,6 +839,7 @@ impl PluginManager {
                 events: self.events.clone(),
                 secrets,
                 metrics: self.parts.metrics.clone(),
+                leading: self.parts.holds_lease.clone(),
             },
             settings.config.clone(),
             &budgets,
