@@ -163,7 +163,7 @@ struct RunArgs {
     /// Directory for precompiled plugins (keyed by content and engine); none: compile at every start.
     #[arg(long, env = "WCM_COMPILE_CACHE")]
     compile_cache: Option<PathBuf>,
-    /// Address for /metrics, /healthz, /readyz and /plugins; "off" disables it.
+    /// Address for /metrics, /healthz, /readyz, /plugins and /debug/controllers; "off" disables it.
     #[arg(long, env = "WCM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
     /// Client-side limit on API requests per second, for all plugins together.

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -259,6 +259,31 @@ async fn misbehaving_plugins_are_stopped_and_the_rest_keeps_working() -> Result<
     assert!(
         patches.is_empty(),
         "node patches reached the API server: {patches:?}"
+    );
+
+    // The debug view: each plugin's state and version, and the latest failure of the failing ones.
+    let (code, body) = http_get(&manager, "/debug/controllers").await?;
+    assert_eq!(code, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(view["leading"], true, "{view}");
+    let plugin = |file: &str| -> Result<serde_json::Value> {
+        view["plugins"]
+            .as_array()
+            .and_then(|all| all.iter().find(|p| p["file"] == file).cloned())
+            .with_context(|| format!("{file} missing from {view}"))
+    };
+    let good = plugin("well-behaved.wasm")?;
+    assert_eq!(good["state"], "running", "{good}");
+    assert!(
+        good["queueDepth"].is_u64() && good["workers"].is_u64(),
+        "{good}"
+    );
+    let bad = plugin("panicker.wasm")?;
+    assert_eq!(bad["state"], "running", "{bad}");
+    let last = bad["lastError"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !last.is_empty() && bad["lastError"]["key"].is_string(),
+        "{bad}"
     );
     manager.stop().await;
     Ok(())

@@ -95,6 +95,40 @@ pub struct Controller {
     /// The fixed keys of its triggers, re-added with every primary key when a version is swapped in.
     fixed_keys: Vec<Key>,
     metrics: Arc<Metrics>,
+    last_error: LastErrorSlot,
+}
+
+/// The latest failed reconcile of a controller, for the debug view.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LastError {
+    pub key: String,
+    /// Escaped and cut to 512 bytes: it may carry a guest's text.
+    pub message: String,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+type LastErrorSlot = Arc<std::sync::Mutex<Option<LastError>>>;
+
+fn note_error(slot: &LastErrorSlot, key: &Key, message: &str) {
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastError {
+        key: key.to_string(),
+        message: validate::log_text(message, 512),
+        at,
+    });
+}
+
+/// What the debug view shows of a running controller.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ControllerDebug {
+    pub version: String,
+    pub workers: u32,
+    pub queue_depth: usize,
+    pub last_error: Option<LastError>,
 }
 
 /// The informers a description needs, in order: primary first.
@@ -271,6 +305,7 @@ impl Controller {
             }));
         }
         let version = Arc::new(RwLock::new(Arc::new(version)));
+        let last_error = LastErrorSlot::default();
         parts.metrics.workers(&name, workers);
         for _ in 0..workers.max(1) {
             let w = Worker {
@@ -282,6 +317,7 @@ impl Controller {
                 runtime: parts.runtime.clone(),
                 metrics: parts.metrics.clone(),
                 leading: parts.leading.clone(),
+                last_error: last_error.clone(),
             };
             tasks.push(tokio::spawn(w.run()));
         }
@@ -296,6 +332,7 @@ impl Controller {
             resync,
             fixed_keys,
             metrics: parts.metrics.clone(),
+            last_error,
         })
     }
 
@@ -369,6 +406,25 @@ impl Controller {
     pub fn workers(&self) -> u32 {
         self.workers
     }
+
+    /// Its version, queue and latest failure, for the debug view. Never waits: during a version
+    /// swap the version reads as such.
+    pub fn debug(&self) -> ControllerDebug {
+        ControllerDebug {
+            version: self
+                .version
+                .try_read()
+                .map(|v| v.description.version.clone())
+                .unwrap_or_else(|_| "(being swapped)".into()),
+            workers: self.workers,
+            queue_depth: self.queue.len(),
+            last_error: self
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
 }
 
 fn keys_for(trigger: &Trigger, change: &Change) -> Vec<Key> {
@@ -437,6 +493,7 @@ struct Worker {
     runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
     leading: tokio::sync::watch::Receiver<bool>,
+    last_error: LastErrorSlot,
 }
 
 impl Worker {
@@ -467,6 +524,11 @@ impl Worker {
                 // instance), and the key is retried with backoff instead of staying in flight.
                 warm = (None, 0);
                 self.metrics.worker_panic(&self.name);
+                note_error(
+                    &self.last_error,
+                    &key,
+                    "the host panicked while reconciling",
+                );
                 tracing::error!(plugin = %self.name, %key, "a worker panicked while reconciling; the key is retried");
                 self.queue.add_rate_limited(key.clone());
             }
@@ -529,6 +591,7 @@ impl Worker {
                 self.metrics.reconciled(&self.name, "requeue_after", took);
             }
             Ok(Err(e)) if e.terminal => {
+                note_error(&self.last_error, key, &format!("terminal: {}", e.message));
                 self.queue.forget(key);
                 self.metrics.reconciled(&self.name, "error", took);
                 self.metrics.terminal_error(&self.name);
@@ -542,6 +605,7 @@ impl Worker {
                 }
             }
             Ok(Err(e)) => {
+                note_error(&self.last_error, key, &e.message);
                 self.metrics.reconciled(&self.name, "error", took);
                 if v.services.budgets.log_line() {
                     let message = validate::log_text(&e.message, 4096);
@@ -550,6 +614,7 @@ impl Worker {
                 self.queue.add_rate_limited(key.clone());
             }
             Err(call_error) => {
+                note_error(&self.last_error, key, &call_error.to_string());
                 self.metrics.reconciled(&self.name, "error", took);
                 self.metrics
                     .plugin_failure(&self.name, failure_reason(&call_error));

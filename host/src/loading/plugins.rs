@@ -35,7 +35,7 @@ use crate::cluster::identity::{Access, IdentitySettings, PluginIdentity};
 use crate::cluster::permissions::Permissions;
 use crate::cluster::services::{BudgetSettings, Reach, Services};
 use crate::engine::controller::{
-    Controller, ControllerParts, Version, plugin_cache, resolve_watches,
+    Controller, ControllerDebug, ControllerParts, Version, plugin_cache, resolve_watches,
 };
 use crate::engine::informer::InformerKey;
 use crate::loading::files;
@@ -314,6 +314,60 @@ impl PluginManager {
                 .or_insert_with(|| FileStatus::Refused { error: err.clone() });
         }
         out
+    }
+
+    /// The debug view (kube-controller-manager's per-controller status): whether this replica
+    /// leads, and for each file its state and why, and for a running plugin its version, digest,
+    /// workers, queue depth and latest failure.
+    pub async fn debug(&self) -> serde_json::Value {
+        let status = self.status().await;
+        let running: BTreeMap<String, ControllerDebug> = self
+            .running
+            .lock()
+            .await
+            .iter()
+            .filter_map(|(stem, r)| Some((stem.clone(), r.controller.as_ref()?.debug())))
+            .collect();
+        let files: Vec<serde_json::Value> = status
+            .iter()
+            .map(|(stem, st)| {
+                let mut v = match st {
+                    FileStatus::Running {
+                        plugin,
+                        sha256,
+                        update_refused,
+                    } => serde_json::json!({
+                        "state": "running", "plugin": plugin, "sha256": sha256,
+                        "updateRefused": update_refused,
+                    }),
+                    FileStatus::Disabled { plugin } => {
+                        serde_json::json!({"state": "disabled", "plugin": plugin})
+                    }
+                    FileStatus::Waiting {
+                        plugin,
+                        reason,
+                        message,
+                    } => serde_json::json!({
+                        "state": "waiting", "plugin": plugin, "reason": reason.as_str(), "message": message,
+                    }),
+                    FileStatus::Refused { error } => {
+                        serde_json::json!({"state": "refused", "error": error})
+                    }
+                };
+                v["file"] = format!("{stem}.wasm").into();
+                if let Some(d) = running.get(stem) {
+                    v["version"] = d.version.clone().into();
+                    v["workers"] = d.workers.into();
+                    v["queueDepth"] = d.queue_depth.into();
+                    v["lastError"] = serde_json::to_value(&d.last_error).unwrap_or_default();
+                }
+                v
+            })
+            .collect();
+        serde_json::json!({
+            "leading": *self.parts.leading.borrow(),
+            "plugins": files,
+        })
     }
 
     /// The running controller's queue length and version info, for tests.

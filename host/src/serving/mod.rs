@@ -1,5 +1,6 @@
 //! What the manager serves over HTTP on `--metrics-addr`: `/metrics` (Prometheus), `/healthz`,
-//! `/readyz` and `/plugins` (each file's state and why).
+//! `/readyz`, `/plugins` (each file's state and why) and `/debug/controllers` (JSON: whether this
+//! replica leads; each plugin's state, version, digest, workers, queue depth and latest failure).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,12 +33,21 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/plugins", get(plugins_status))
+        .route(
+            "/debug/controllers",
+            get(|State(s): State<HttpState>| async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    s.plugins.debug().await.to_string(),
+                )
+            }),
+        )
         .with_state(HttpState { metrics, plugins });
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("listen on {addr} (--metrics-addr)"))?;
     let bound = listener.local_addr()?;
-    tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /plugins");
+    tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /plugins, /debug/controllers");
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("metrics server ended: {e}");
