@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -342,10 +342,10 @@ impl Metrics {
             controller: plugin.into(),
             result: result.into(),
         };
-        if self.reconcile_total.get(&labels).is_none() {
-            self.note(plugin, Extra::Result(result.into()));
-        }
-        self.reconcile_total.get_or_create(&labels).inc();
+        self.noted(&self.reconcile_total, &labels, plugin, || {
+            Extra::Result(result.into())
+        })
+        .inc();
         if result == "error" {
             self.reconcile_errors.get_or_create(&ctrl(plugin)).inc();
         }
@@ -368,10 +368,10 @@ impl Metrics {
             plugin: plugin.into(),
             reason: reason.into(),
         };
-        if self.plugin_failures.get(&labels).is_none() {
-            self.note(plugin, Extra::Failure(reason.into()));
-        }
-        self.plugin_failures.get_or_create(&labels).inc();
+        self.noted(&self.plugin_failures, &labels, plugin, || {
+            Extra::Failure(reason.into())
+        })
+        .inc();
     }
 
     pub fn forbidden_call(&self, plugin: &str, verb: &str, resource: &str) {
@@ -380,10 +380,10 @@ impl Metrics {
             verb: verb.into(),
             resource: resource.into(),
         };
-        if self.forbidden.get(&labels).is_none() {
-            self.note(plugin, Extra::Forbidden(verb.into(), resource.into()));
-        }
-        self.forbidden.get_or_create(&labels).inc();
+        self.noted(&self.forbidden, &labels, plugin, || {
+            Extra::Forbidden(verb.into(), resource.into())
+        })
+        .inc();
     }
 
     /// `call` is one of a fixed set (an RBAC verb, "cache.get", "event", ...), never a guest string.
@@ -392,10 +392,10 @@ impl Metrics {
             plugin: plugin.into(),
             call: call.into(),
         };
-        if self.invalid.get(&labels).is_none() {
-            self.note(plugin, Extra::Invalid(call.into()));
-        }
-        self.invalid.get_or_create(&labels).inc();
+        self.noted(&self.invalid, &labels, plugin, || {
+            Extra::Invalid(call.into())
+        })
+        .inc();
     }
 
     /// Marks `plugin` as waiting for `reason`, one of `reasons` (fixed words), or not waiting when
@@ -411,11 +411,7 @@ impl Metrics {
                 plugin: plugin.into(),
                 reason: r.into(),
             };
-            if self.waiting.get(&labels).is_none() {
-                self.note(plugin, Extra::Waiting(r.into()));
-            }
-            self.waiting
-                .get_or_create(&labels)
+            self.noted(&self.waiting, &labels, plugin, || Extra::Waiting(r.into()))
                 .set(i64::from(reason == Some(r)));
         }
     }
@@ -425,10 +421,10 @@ impl Metrics {
             plugin: plugin.into(),
             reason: reason.into(),
         };
-        if self.events_dropped.get(&labels).is_none() {
-            self.note(plugin, Extra::Dropped(reason.into()));
-        }
-        self.events_dropped.get_or_create(&labels).inc();
+        self.noted(&self.events_dropped, &labels, plugin, || {
+            Extra::Dropped(reason.into())
+        })
+        .inc();
     }
 
     pub fn event_written(&self, plugin: &str, kind: &str) {
@@ -436,10 +432,10 @@ impl Metrics {
             plugin: plugin.into(),
             reason: kind.into(),
         };
-        if self.events_written.get(&labels).is_none() {
-            self.note(plugin, Extra::Written(kind.into()));
-        }
-        self.events_written.get_or_create(&labels).inc();
+        self.noted(&self.events_written, &labels, plugin, || {
+            Extra::Written(kind.into())
+        })
+        .inc();
     }
 
     pub fn plugins_loaded(&self, n: usize) {
@@ -455,13 +451,28 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
-    fn note(&self, plugin: &str, extra: Extra) {
-        self.extra_labels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(plugin.to_string())
-            .or_default()
-            .insert(extra);
+    /// The series of `labels` in `family`; made on first use, and then noted against `plugin`
+    /// (its labels beyond the name, `extra`) so [`Metrics::forget_plugin`] can remove it.
+    fn noted<'f, S, M, C>(
+        &self,
+        family: &'f Family<S, M, C>,
+        labels: &S,
+        plugin: &str,
+        extra: impl FnOnce() -> Extra,
+    ) -> impl std::ops::Deref<Target = M> + 'f
+    where
+        S: Clone + std::hash::Hash + Eq,
+        C: MetricConstructor<M>,
+    {
+        if family.get(labels).is_none() {
+            self.extra_labels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(plugin.to_string())
+                .or_default()
+                .insert(extra());
+        }
+        family.get_or_create(labels)
     }
 
     /// Removes every series of `plugin` (it was removed): a dashboard no longer shows it, and the

@@ -36,12 +36,7 @@ async fn plugins_converge_across_an_apiserver_restart() -> Result<()> {
     let manager = start_manager(test_config(&dir)).await?;
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    for i in 0..OBJECTS {
-        let cm: ConfigMap = serde_json::from_value(
-            json!({"metadata": {"name": format!("cm-{i}")}, "data": {"value": "v0"}}),
-        )?;
-        cms.create(&PostParams::default(), &cm).await?;
-    }
+    create_configmaps(&cms, OBJECTS).await?;
 
     // Changes before, during and after the outage.
     for i in 0..OBJECTS / 2 {
@@ -70,35 +65,13 @@ async fn plugins_converge_across_an_apiserver_restart() -> Result<()> {
             .await?;
     }
 
-    // Both plugins converge: every remaining object carries its final value.
-    eventually(
-        "every object reconciled to its final value",
-        Duration::from_secs(90),
-        || async {
-            let annotated = reconciled_annotations(&cms).await?;
-            let ok = (5..OBJECTS)
-                .all(|i| annotated.get(&format!("cm-{i}")) == Some(&format!("final-{i}")));
-            Ok(ok.then_some(()))
-        },
-    )
-    .await?;
-    // Each deletion reached the plugin (well-behaved records it as a ConfigMap NAME-deleted).
-    eventually(
-        "every deletion reached the plugin",
-        Duration::from_secs(60),
-        || async {
-            let list = cms.list(&ListParams::default()).await?;
-            let names: Vec<String> = list
-                .items
-                .iter()
-                .filter_map(|c| c.metadata.name.clone())
-                .collect();
-            Ok((0..5)
-                .all(|i| names.contains(&format!("cm-{i}-deleted")))
-                .then_some(()))
-        },
-    )
-    .await?;
+    // Both plugins converge: every remaining object carries its final value, and each deletion
+    // reached the plugin.
+    let want: Vec<(String, String)> = (5..OBJECTS)
+        .map(|i| (format!("cm-{i}"), format!("final-{i}")))
+        .collect();
+    converged(&cms, &want, Duration::from_secs(90)).await?;
+    deletions_reached(&cms, 0..5).await?;
     let reconciles_2 = metric(
         &manager,
         "controller_runtime_reconcile_total",
@@ -121,6 +94,29 @@ async fn create_configmaps(cms: &Api<ConfigMap>, n: usize) -> Result<()> {
         cms.create(&PostParams::default(), &cm).await?;
     }
     Ok(())
+}
+
+/// Waits until the plugin has seen the deletion of `cm-N` for each N in `which`: well-behaved
+/// records a deletion as a ConfigMap `cm-N-deleted`.
+async fn deletions_reached(cms: &Api<ConfigMap>, which: std::ops::Range<usize>) -> Result<()> {
+    eventually(
+        "every deletion reached the plugin",
+        Duration::from_secs(60),
+        || async {
+            let names: Vec<String> = cms
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|c| c.metadata.name)
+                .collect();
+            Ok(which
+                .clone()
+                .all(|i| names.contains(&format!("cm-{i}-deleted")))
+                .then_some(()))
+        },
+    )
+    .await
 }
 
 /// Waits until every ConfigMap named in `want` carries the `wcm.test/reconciled` value given.
@@ -218,23 +214,7 @@ async fn a_host_cut_off_while_history_is_compacted_relists_and_misses_nothing() 
         .collect();
     want.extend((0..3).map(|i| (format!("new-{i}"), format!("new-{i}"))));
     converged(&cms, &want, Duration::from_secs(90)).await?;
-    eventually(
-        "every deletion made while cut off reached the plugin",
-        Duration::from_secs(60),
-        || async {
-            let names: Vec<String> = cms
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter_map(|c| c.metadata.name)
-                .collect();
-            Ok((15..20)
-                .all(|i| names.contains(&format!("cm-{i}-deleted")))
-                .then_some(()))
-        },
-    )
-    .await?;
+    deletions_reached(&cms, 15..20).await?;
 
     // What the apiserver saw from the host (the only cluster-wide reader of ConfigMaps here). The
     // 410 comes as an ERROR event inside the watch's 200 stream, so the audit shows it by what

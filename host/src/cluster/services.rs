@@ -38,25 +38,39 @@ impl PluginCache {
         store: Arc<ObjectStore>,
         metadata_only: bool,
     ) {
-        if !self
+        if self
             .stores
             .iter()
             .any(|(_, _, s, _)| Arc::ptr_eq(s, &store))
         {
-            self.stores.push((kind, namespace, store, metadata_only));
+            return;
         }
+        // Kept with full-object stores first, so reads need not sort.
+        let at = if metadata_only {
+            self.stores.len()
+        } else {
+            self.stores
+                .iter()
+                .position(|(_, _, _, m)| *m)
+                .unwrap_or(self.stores.len())
+        };
+        self.stores
+            .insert(at, (kind, namespace, store, metadata_only));
     }
 
-    /// The stores of the watches of `kind` (empty when the plugin does not watch it), those with
+    /// The stores of the watches of `kind` (none when the plugin does not watch it), those with
     /// full objects first: an object in both reads as the full one.
-    pub fn stores(&self, kind: &KindKey) -> Vec<&Arc<ObjectStore>> {
-        let mut out: Vec<_> = self
-            .stores
+    pub fn stores<'a, 'k>(
+        &'a self,
+        kind: &'k KindKey,
+    ) -> impl Iterator<Item = &'a Arc<ObjectStore>> + 'k
+    where
+        'a: 'k,
+    {
+        self.stores
             .iter()
-            .filter(|(k, _, _, _)| k == kind)
-            .collect();
-        out.sort_by_key(|(_, _, _, metadata_only)| *metadata_only);
-        out.into_iter().map(|(_, _, s, _)| s).collect()
+            .filter(move |(k, _, _, _)| k == kind)
+            .map(|(_, _, s, _)| s)
     }
 
     /// Whether the plugin watches `kind` where `namespace` lies.
@@ -360,10 +374,11 @@ impl Services {
 
     /// The cached stores of `kind` this plugin watches (one per watch of it).
     pub fn cache_stores(&self, kind: &KindRef) -> Vec<&Arc<ObjectStore>> {
-        self.reach
-            .as_ref()
-            .map(|r| r.cache.stores(&KindKey::from(kind)))
-            .unwrap_or_default()
+        let Some(reach) = &self.reach else {
+            return Vec::new();
+        };
+        let key = KindKey::from(kind);
+        reach.cache.stores(&key).collect()
     }
 
     /// Counts a refused cache or config call (bad key or selector).
