@@ -165,6 +165,8 @@ fn config(dir: &Path) -> RunConfig {
         wait_retry: Duration::from_secs(1),
         sync_timeout: Duration::from_secs(30),
         leader_election: None,
+        leader_mode: Default::default(),
+        health_addr: None,
         controllers: Default::default(),
         shutdown_grace: Duration::from_secs(10),
         rate_limits: RateLimits::default(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::cluster::api::ApiAccess;
+use crate::cluster::election::{Election, LeaderMode, PluginLeases};
 use crate::cluster::events::{self, EventSettings};
 use crate::cluster::identity::IdentitySettings;
 use crate::cluster::leader::{LeaderSettings, Leadership};
@@ -27,6 +28,8 @@ pub struct RunConfig {
     pub plugins_dir: PathBuf,
     pub compile_cache: Option<PathBuf>,
     pub metrics_addr: Option<SocketAddr>,
+    /// A separate address for /healthz and /readyz.
+    pub health_addr: Option<SocketAddr>,
     pub kube_qps: f64,
     pub kube_burst: u32,
     pub api_timeout: Duration,
@@ -53,6 +56,8 @@ pub struct RunConfig {
     pub controllers: ControllerSelection,
     /// Leader election among replicas; none: this process always reconciles.
     pub leader_election: Option<LeaderSettings>,
+    /// One Lease for the manager, or one per plugin.
+    pub leader_mode: LeaderMode,
     /// How long in-flight reconciles may take at shutdown.
     pub shutdown_grace: Duration,
 }
@@ -65,11 +70,14 @@ pub struct Manager {
     plugin_task: tokio::task::JoinHandle<()>,
     crd_task: tokio::task::JoinHandle<()>,
     http_task: Option<tokio::task::JoinHandle<()>>,
+    health_task: Option<tokio::task::JoinHandle<()>>,
     pub metrics_addr: Option<SocketAddr>,
+    pub health_addr: Option<SocketAddr>,
     /// What the workers see: true while this replica may reconcile.
     gate: Arc<tokio::sync::watch::Sender<bool>>,
     leadership: Option<Leadership>,
     gate_task: Option<tokio::task::JoinHandle<()>>,
+    election: Arc<Election>,
     /// Keeps "holds the Lease" true when no election is held.
     _always: Option<tokio::sync::watch::Sender<bool>>,
 }
@@ -126,21 +134,15 @@ impl Manager {
         let crd_task = api.discovery().follow_crds();
         // Workers reconcile only while the gate is open: always without an election, while
         // leading with one, and never again once stopping.
+        let per_plugin = cfg.leader_mode == LeaderMode::PerPlugin;
         let leadership = match &cfg.leader_election {
-            Some(settings) => {
+            Some(settings) if !per_plugin => {
                 Some(Leadership::join(client.clone(), settings.clone(), metrics.clone()).await?)
             }
-            None => None,
+            _ => None,
         };
+        // Per plugin, this gate says only "not stopping"; each plugin has its own Lease too.
         let (gate, leading) = tokio::sync::watch::channel(leadership.is_none());
-        // Without an election the Lease is, in effect, always held.
-        let (always, holds_lease) = match &leadership {
-            Some(l) => (None, l.subscribe()),
-            None => {
-                let (tx, rx) = tokio::sync::watch::channel(true);
-                (Some(tx), rx)
-            }
-        };
         let gate = Arc::new(gate);
         let gate_task = leadership.as_ref().map(|l| {
             let (gate, mut lead) = (gate.clone(), l.subscribe());
@@ -154,9 +156,40 @@ impl Manager {
                 }
             })
         });
+        let (election, always) = match (&cfg.leader_election, &leadership) {
+            (Some(settings), None) => {
+                let leases = PluginLeases::start(
+                    client.clone(),
+                    settings.clone(),
+                    metrics.clone(),
+                    leading.clone(),
+                )?;
+                (Election::PerPlugin(leases), None)
+            }
+            (_, Some(l)) => (
+                Election::Shared {
+                    taking: leading.clone(),
+                    holds: l.subscribe(),
+                    leader: Some(l.holder()),
+                },
+                None,
+            ),
+            (None, None) => {
+                // Without an election the Lease is, in effect, always held.
+                let (tx, holds) = tokio::sync::watch::channel(true);
+                (
+                    Election::Shared {
+                        taking: leading.clone(),
+                        holds,
+                        leader: None,
+                    },
+                    Some(tx),
+                )
+            }
+        };
+        let election = Arc::new(election);
         let parts = Arc::new(ControllerParts {
-            leading,
-            holds_lease,
+            election: election.clone(),
             runtime,
             informers: informers.clone(),
             api,
@@ -191,6 +224,13 @@ impl Manager {
             }
             None => (None, None),
         };
+        let (health_task, health_addr) = match cfg.health_addr {
+            Some(addr) => {
+                let (task, bound) = crate::serving::serve_health(addr, plugins.clone()).await?;
+                (Some(task), Some(bound))
+            }
+            None => (None, None),
+        };
         // The first scan happens before start returns, so a caller sees the plugins that were there.
         plugins.rescan().await;
         let p = plugins.clone();
@@ -206,17 +246,21 @@ impl Manager {
             plugin_task,
             crd_task,
             http_task,
+            health_task,
             metrics_addr,
+            health_addr,
             gate,
             leadership,
             gate_task,
+            election,
             _always: always,
         })
     }
 
-    /// Whether this replica may reconcile now (it leads, or no election is held).
+    /// Whether this replica may reconcile now (it leads, or no election is held); per plugin,
+    /// whether it leads any plugin.
     pub fn is_leading(&self) -> bool {
-        *self.gate.borrow()
+        self.election.leads_any()
     }
 
     /// Stops taking keys, lets in-flight reconciles finish (each controller waits for its calls),
@@ -231,11 +275,14 @@ impl Manager {
         self.plugin_task.abort();
         self.crd_task.abort();
         self.plugins.stop_all().await;
-        if let Some(t) = self.http_task {
+        for t in [self.http_task, self.health_task].into_iter().flatten() {
             t.abort();
         }
         if let Some(l) = self.leadership {
             l.release().await;
+        }
+        if let Election::PerPlugin(leases) = &*self.election {
+            leases.release_all().await;
         }
     }
 }

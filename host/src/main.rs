@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use wasm_controller_manager::app::{self, RunConfig};
+use wasm_controller_manager::cluster::election::LeaderMode;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
 use wasm_controller_manager::cluster::leader::LeaderSettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
@@ -163,9 +164,14 @@ struct RunArgs {
     /// Directory for precompiled plugins (keyed by content and engine); none: compile at every start.
     #[arg(long, env = "WCM_COMPILE_CACHE")]
     compile_cache: Option<PathBuf>,
-    /// Address for /metrics, /healthz, /readyz, /plugins and /debug/controllers; "off" disables it.
+    /// Address for /metrics, /plugins and /debug/controllers (and /healthz, /readyz); "off"
+    /// disables it.
     #[arg(long, env = "WCM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+    /// A separate address for /healthz and /readyz only (the kubelet's probes), e.g.
+    /// 0.0.0.0:8081; "off" (the default): they are served on --metrics-addr alone.
+    #[arg(long, env = "WCM_HEALTH_ADDR", default_value = "off")]
+    health_addr: String,
     /// Client-side limit on API requests per second, for all plugins together.
     #[arg(
         long = "kube-api-qps",
@@ -298,6 +304,11 @@ struct LeaderArgs {
         default_value = "wasm-controller-manager"
     )]
     leader_elect_resource_name: String,
+    /// "manager": one Lease, and its holder reconciles every plugin (kube-controller-manager's
+    /// way). "per-plugin": one Lease per plugin (named LEASE-plugin-PLUGIN), so replicas share the
+    /// plugins, each leading about its fair share and taking over a lost replica's plugins.
+    #[arg(long, env = "WCM_LEADER_ELECT_MODE", value_enum, default_value_t = LeaderMode::Manager)]
+    leader_elect_mode: LeaderMode,
     /// Namespace of the Lease; default: the Pod's own namespace in a cluster (POD_NAMESPACE or the
     /// ServiceAccount's), else wcm-system.
     #[arg(long, env = "WCM_LEADER_ELECT_RESOURCE_NAMESPACE")]
@@ -377,15 +388,26 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// An address flag: HOST:PORT, or "off".
+fn listen_addr(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    match value {
+        "off" | "" => Ok(None),
+        s => Ok(Some(s.parse::<SocketAddr>().map_err(|e| {
+            anyhow::anyhow!("--{flag} {s:?}: {e} (expected IP:PORT, e.g. 0.0.0.0:8080, or off)")
+        })?)),
+    }
+}
+
 impl RunArgs {
     fn into_config(self) -> anyhow::Result<RunConfig> {
-        let metrics_addr = match self.metrics_addr.as_str() {
-            "off" | "" => None,
-            s => Some(
-                s.parse::<SocketAddr>()
-                    .map_err(|e| anyhow::anyhow!("--metrics-addr {s:?}: {e}"))?,
-            ),
-        };
+        let metrics_addr = listen_addr("metrics-addr", &self.metrics_addr)?;
+        let health_addr = listen_addr("health-addr", &self.health_addr)?;
+        if let (Some(m), Some(h)) = (metrics_addr, health_addr) {
+            anyhow::ensure!(
+                m != h || m.port() == 0,
+                "--health-addr {h} is --metrics-addr too: give it another port, or leave it off"
+            );
+        }
         anyhow::ensure!(
             self.plugins_dir.is_dir(),
             "--plugins-dir {} is not a directory",
@@ -397,12 +419,15 @@ impl RunArgs {
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
         );
+        let leader_mode = self.leader.leader_elect_mode;
         let leader_election = self.leader.settings()?;
         let controllers = ControllerSelection::parse(&self.controllers)
             .map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
         Ok(RunConfig {
             controllers,
             leader_election,
+            leader_mode,
+            health_addr,
             shutdown_grace: self.shutdown_grace,
             kubeconfig: self.kubeconfig,
             plugins_dir: self.plugins_dir,

@@ -143,8 +143,21 @@ struct Host {
 
 impl Host {
     fn start(dir: &Path, kubeconfig: &Path, lease_ns: &str, log: &Path) -> Result<Host> {
+        Self::start_with(dir, kubeconfig, lease_ns, log, "host", &[])
+    }
+
+    /// `pod_name` goes into its identity (as POD_NAME in a Deployment).
+    fn start_with(
+        dir: &Path,
+        kubeconfig: &Path,
+        lease_ns: &str,
+        log: &Path,
+        pod_name: &str,
+        extra: &[&str],
+    ) -> Result<Host> {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let child = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+            .env("POD_NAME", pod_name)
             .arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -160,6 +173,7 @@ impl Host {
             .args(["--leader-elect-renew-deadline", "4s"])
             .args(["--leader-elect-retry-period", "500ms"])
             .args(["--rescan-seconds", "2", "--retry-base-ms", "200"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log)?)
             .spawn()?;
@@ -310,5 +324,296 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
     assert!(handed <= Duration::from_secs(2), "hand-off took {handed:?}");
     annotated(&cms, "v3").await?;
     assert!(third.reconciles().await? >= 1.0);
+    Ok(())
+}
+
+/// The holder of each plugin's Lease, as the API server has them.
+async fn plugin_lease_holders(leases: &Api<Lease>, plugins: &[&str]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for p in plugins {
+        let lease = leases
+            .get_opt(&format!("wasm-controller-manager-plugin-{p}"))
+            .await?;
+        let holder = lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        out.push(holder);
+    }
+    Ok(out)
+}
+
+/// Each plugin's reconcile count in each process.
+async fn counts(hosts: &[&Host], plugins: &[&str]) -> Result<Vec<Vec<f64>>> {
+    let mut out = Vec::new();
+    for h in hosts {
+        let mut row = Vec::new();
+        for p in plugins {
+            row.push(
+                h.metric("controller_runtime_reconcile_total", &[("controller", p)])
+                    .await?,
+            );
+        }
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// Per-plugin mode: two processes and four plugins; each leads two (the Leases' holders, as the
+/// API server has them); a change is reconciled, for each plugin, by exactly one process; SIGKILL
+/// one and the other leads all four within the lease duration and a few retry periods.
+#[tokio::test(flavor = "multi_thread")]
+async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> Result<()> {
+    const PLUGINS: [&str; 4] = ["share-a", "share-b", "share-c", "share-d"];
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("per-plugin").await?;
+    let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
+    let dir = temp_dir("per-plugin")?;
+    for p in PLUGINS {
+        install(&dir, "well-behaved", &format!("{p}.wasm"))?;
+        std::fs::write(dir.join(format!("{p}.toml")), format!("name = \"{p}\"\n"))?;
+    }
+    grant_dir(&dir).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"value": "v0"}}))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let logs = temp_dir("per-plugin-logs")?;
+    let per_plugin = ["--leader-elect-mode", "per-plugin"];
+    let start = |name: &str| {
+        Host::start_with(
+            &dir,
+            &kubeconfig,
+            &ns.name,
+            &logs.join(format!("{name}.log")),
+            name,
+            &per_plugin,
+        )
+    };
+    let first = start("first")?;
+    let second = start("second")?;
+    let balanced = eventually(
+        "each process leads two plugins",
+        Duration::from_secs(60),
+        || async {
+            let holders = plugin_lease_holders(&leases, &PLUGINS).await?;
+            let of = |who: &str| holders.iter().filter(|h| h.starts_with(who)).count();
+            Ok((of("first_") == 2 && of("second_") == 2).then_some(holders))
+        },
+    )
+    .await?;
+    println!("balanced: {balanced:?}");
+    let (_, listing) = http_get_at(first.addr, "/plugins").await?;
+    assert_eq!(
+        listing.matches("\tleading").count(),
+        2,
+        "/plugins of the first process:\n{listing}"
+    );
+    assert!(listing.contains("leader=second_"), "{listing}");
+
+    // A change: for each plugin, exactly one process reconciles it, the Lease's holder.
+    let before = counts(&[&first, &second], &PLUGINS).await?;
+    annotated(&cms, "v1").await?;
+    let after = eventually(
+        "every plugin reconciled v1",
+        Duration::from_secs(30),
+        || async {
+            let now = counts(&[&first, &second], &PLUGINS).await?;
+            let all = (0..PLUGINS.len()).all(|p| (0..2).any(|h| now[h][p] > before[h][p]));
+            Ok(all.then_some(now))
+        },
+    )
+    .await?;
+    for (p, plugin) in PLUGINS.iter().enumerate() {
+        let moved: Vec<usize> = (0..2).filter(|h| after[*h][p] > before[*h][p]).collect();
+        let holder = &balanced[p];
+        let expected = usize::from(holder.starts_with("second_"));
+        assert_eq!(
+            moved,
+            vec![expected],
+            "{plugin}: reconciled by processes {moved:?}, its Lease is held by {holder}"
+        );
+    }
+
+    // SIGKILL the first: the second leads all four once the first's leases have expired (6 s),
+    // and reconciles a change for each.
+    let mut first = first;
+    let killed = Instant::now();
+    first.child.kill()?;
+    first.child.wait()?;
+    eventually(
+        "the second process leads all four plugins",
+        Duration::from_secs(30),
+        || async {
+            let holders = plugin_lease_holders(&leases, &PLUGINS).await?;
+            Ok(holders
+                .iter()
+                .all(|h| h.starts_with("second_"))
+                .then_some(()))
+        },
+    )
+    .await?;
+    let took = killed.elapsed();
+    println!("SIGKILL: the survivor led all four plugins {took:?} after the kill");
+    assert!(took <= Duration::from_secs(10), "{took:?}");
+    let before = counts(&[&second], &PLUGINS).await?;
+    annotated(&cms, "v2").await?;
+    eventually(
+        "the survivor reconciles every plugin",
+        Duration::from_secs(30),
+        || async {
+            let now = counts(&[&second], &PLUGINS).await?;
+            Ok((0..PLUGINS.len())
+                .all(|p| now[0][p] > before[0][p])
+                .then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A reconcile in flight when its replica loses the Lease: its write is refused by the host
+/// (503 NotLeader) and never reaches the API server; once the replica leads again the key is
+/// reconciled, so nothing is lost. The reconcile is held in flight by a loopback HTTP server the
+/// plugin calls before it writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_in_flight_when_the_lease_is_lost_is_refused_and_retried_by_the_leader()
+-> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = Arc::new(AtomicUsize::new(0));
+    let (open_tx, open_rx) = tokio::sync::watch::channel(false);
+    let counter = hits.clone();
+    let app = axum::Router::new().route(
+        "/hold",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut open = open_rx.clone();
+            async move {
+                let _ = open.wait_for(|o| *o).await;
+                "{}"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let _server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("lost-lease").await?;
+    let dir = temp_dir("lost-lease")?;
+    std::fs::write(
+        dir.join("held.toml"),
+        "name = \"http-held\"\nallowed_hosts = [\"127.0.0.1\"]\n[config]\nannotation = \"wcm.test/held\"\n",
+    )?;
+    install(&dir, "http-get", "held.wasm")?;
+    grant_dir(&dir).await?;
+    let mut cfg = test_config(&dir);
+    cfg.leader_election = Some(settings(&ns.name, "in-process"));
+    let manager = start_manager(cfg).await?;
+    eventually("the manager leads", Duration::from_secs(15), || async {
+        Ok(manager.is_leading().then_some(()))
+    })
+    .await?;
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "probe", "labels": {"wcm.test/http": "yes"}},
+        "data": {"url": format!("http://127.0.0.1:{port}/hold")}
+    }))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    eventually(
+        "the reconcile is in flight (the server holds its call)",
+        Duration::from_secs(30),
+        || async { Ok((hits.load(Ordering::SeqCst) >= 1).then_some(())) },
+    )
+    .await?;
+
+    // Another holder takes the Lease: the replica stops leading within a retry period, while
+    // the reconcile is still in flight.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let mut lease = leases.get("wcm-test").await?;
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = Some("another-replica".into());
+        spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    leases
+        .replace("wcm-test", &PostParams::default(), &lease)
+        .await?;
+    eventually(
+        "the manager stops leading",
+        Duration::from_secs(5),
+        || async { Ok((!manager.is_leading()).then_some(())) },
+    )
+    .await?;
+    let mark = env.has_audit_log().then(|| env.audit_mark()).transpose()?;
+    open_tx.send_replace(true);
+    // The plugin writes as soon as its call returns: give the write every chance to go out.
+    let refused = eventually(
+        "the in-flight write is refused",
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = http_get(&manager, "/debug/controllers").await?;
+            Ok(body.contains("NotLeader").then_some(body))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let annotations = cms
+        .get("probe")
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key("wcm.test/held"),
+        "a write went out after the Lease was lost: {annotations:?}\n{refused}"
+    );
+    if let Some(mark) = mark {
+        let patches: Vec<_> = env
+            .audit_events_since(mark)?
+            .into_iter()
+            .filter(|e| {
+                e.verb == "patch"
+                    && e.object_ref
+                        .as_ref()
+                        .is_some_and(|o| o.name == "probe" && o.namespace == ns.name)
+            })
+            .collect();
+        assert!(
+            patches.is_empty(),
+            "the API server saw a patch of the probe after the Lease was lost: {patches:?}"
+        );
+    }
+
+    // The Lease is given up by the other holder: the replica leads again, and the key, kept in
+    // its queue, is reconciled.
+    let mut lease = leases.get("wcm-test").await?;
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    leases
+        .replace("wcm-test", &PostParams::default(), &lease)
+        .await?;
+    eventually(
+        "the key is reconciled once the replica leads again",
+        Duration::from_secs(30),
+        || async {
+            let a = cms
+                .get("probe")
+                .await?
+                .metadata
+                .annotations
+                .unwrap_or_default();
+            Ok((a.get("wcm.test/held").map(String::as_str) == Some("200")).then_some(()))
+        },
+    )
+    .await?;
+    manager.stop().await;
     Ok(())
 }

@@ -186,6 +186,8 @@ pub fn bench_config(dir: &Path) -> RunConfig {
         wait_retry: Duration::from_secs(1),
         sync_timeout: Duration::from_secs(30),
         leader_election: None,
+        leader_mode: Default::default(),
+        health_addr: None,
         controllers: Default::default(),
         shutdown_grace: Duration::from_secs(10),
         rate_limits: RateLimits::default(),

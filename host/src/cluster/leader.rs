@@ -73,9 +73,23 @@ impl LeaderSettings {
     }
 }
 
+/// Decides, for a replica that shares many Leases with its peers (one per plugin), which of them
+/// it should hold. Without one, a replica takes every Lease it can.
+pub trait LeasePolicy: Send + Sync {
+    /// Whether this replica may take this free or expired Lease now.
+    fn may_acquire(&self) -> bool;
+    /// Whether this replica holds more than its share and should give this Lease up.
+    fn should_release(&self) -> bool;
+    /// Whether reconciles under this Lease are still running: a Lease being given up is released
+    /// once they are done (or at the renew deadline).
+    fn busy(&self) -> bool;
+}
+
 /// A replica's place in the election: a standby until it holds the Lease.
 pub struct Leadership {
     leading: watch::Receiver<bool>,
+    taking: watch::Receiver<bool>,
+    holder: watch::Receiver<Option<String>>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -87,14 +101,30 @@ impl Leadership {
         settings: LeaderSettings,
         metrics: Arc<Metrics>,
     ) -> Result<Leadership> {
+        Self::join_with(client, settings, metrics, None)
+    }
+
+    /// Joins the election for one of many Leases, holding it only when `policy` says so.
+    pub fn join_with(
+        client: kube::Client,
+        settings: LeaderSettings,
+        metrics: Arc<Metrics>,
+        policy: Option<Arc<dyn LeasePolicy>>,
+    ) -> Result<Leadership> {
         settings.check()?;
         let (tx, leading) = watch::channel(false);
+        let (taking_tx, taking) = watch::channel(false);
+        let (holder_tx, holder) = watch::channel(None);
         let (stop, stopped) = oneshot::channel();
         metrics.leader(&settings.lease_name, false);
         let elector = Elector {
             leases: Api::namespaced(client, &settings.namespace),
             settings,
             leading: tx,
+            taking: taking_tx,
+            holder: holder_tx,
+            policy,
+            shedding: None,
             metrics,
             observed: None,
             renewed: None,
@@ -103,6 +133,8 @@ impl Leadership {
         let task = tokio::spawn(elector.run(stopped));
         Ok(Leadership {
             leading,
+            taking,
+            holder,
             stop: Some(stop),
             task,
         })
@@ -113,9 +145,20 @@ impl Leadership {
         *self.leading.borrow()
     }
 
-    /// A receiver that follows leadership.
+    /// A receiver that follows leadership: true while this replica holds the Lease.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.leading.clone()
+    }
+
+    /// True while this replica holds the Lease and is not giving it up (to a peer, under a
+    /// [`LeasePolicy`]): when its workers may take keys.
+    pub fn taking(&self) -> watch::Receiver<bool> {
+        self.taking.clone()
+    }
+
+    /// The Lease's holder as last read (this replica's identity while it leads).
+    pub fn holder(&self) -> watch::Receiver<Option<String>> {
+        self.holder.clone()
     }
 
     /// Stops leading and releases the Lease (if held), so a standby takes over within its retry
@@ -138,6 +181,12 @@ struct Elector {
     leases: Api<Lease>,
     settings: LeaderSettings,
     leading: watch::Sender<bool>,
+    /// `leading`, and not giving the Lease up.
+    taking: watch::Sender<bool>,
+    holder: watch::Sender<Option<String>>,
+    policy: Option<Arc<dyn LeasePolicy>>,
+    /// Since when this replica has been giving the Lease up (waiting for in-flight work).
+    shedding: Option<Instant>,
     metrics: Arc<Metrics>,
     /// The Lease record last seen (holder, renewal, version) and when it was first seen so.
     observed: Option<(Observed, Instant)>,
@@ -207,6 +256,8 @@ impl Elector {
     }
 
     fn set_leading(&self, now: bool) {
+        self.taking
+            .send_if_modified(|t| std::mem::replace(t, now && self.shedding.is_none()) != *t);
         if *self.leading.borrow() == now {
             return;
         }
@@ -243,6 +294,8 @@ impl Elector {
                 }
             }
         };
+        self.holder
+            .send_if_modified(|h| std::mem::replace(h, seen.holder().map(str::to_string)) != *h);
         let previous = self.observed.as_ref().map(|(o, _)| o.clone());
         if previous.as_ref() != Some(&seen) {
             self.observed = Some((seen.clone(), Instant::now()));
@@ -271,6 +324,26 @@ impl Elector {
             (Some(_), None) => true,
             (Some(_), Some(_)) => since_change > wait,
         };
+        let ours = seen.holder() == Some(me.as_str());
+        match &self.policy {
+            // Over this replica's share: stop taking keys, and give the Lease up once in-flight
+            // reconciles are done (their writes still need it), at the latest at the deadline.
+            Some(p) if ours && p.should_release() => {
+                let since = *self.shedding.get_or_insert_with(Instant::now);
+                self.set_leading(*self.leading.borrow());
+                if !p.busy() || since.elapsed() >= self.settings.renew_deadline / 2 {
+                    self.release().await;
+                    self.shedding = None;
+                    self.renewed = None;
+                    return;
+                }
+            }
+            Some(p) if !ours && take && !p.may_acquire() => {
+                self.renewed = None;
+                return;
+            }
+            _ => self.shedding = None,
+        }
         if !take {
             self.renewed = None;
             return;
@@ -303,7 +376,10 @@ impl Elector {
             .replace(&self.settings.lease_name, &PostParams::default(), &next)
             .await
         {
-            Ok(_) => self.renewed = Some(sent),
+            Ok(_) => {
+                self.renewed = Some(sent);
+                self.holder.send_replace(Some(me));
+            }
             Err(e) => {
                 // Lost a race (409) or could not write: lead no longer than the deadline allows.
                 if matches!(&e, kube::Error::Api(s) if s.code == 409) {
@@ -356,7 +432,11 @@ impl Elector {
             }),
         };
         match self.leases.create(&PostParams::default(), &lease).await {
-            Ok(_) => self.renewed = Some(sent),
+            Ok(_) => {
+                self.renewed = Some(sent);
+                self.holder
+                    .send_replace(Some(self.settings.identity.clone()));
+            }
             Err(e) => {
                 // Another replica made it first, or it cannot be made: not leading.
                 self.renewed = None;
@@ -388,7 +468,10 @@ impl Elector {
             .replace(&self.settings.lease_name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => tracing::info!(lease = %self.settings.lease_name, "Lease released"),
+            Ok(_) => {
+                self.holder.send_replace(None);
+                tracing::info!(lease = %self.settings.lease_name, "Lease released")
+            }
             Err(e) => {
                 tracing::warn!(lease = %self.settings.lease_name, "releasing the Lease failed: {e}")
             }

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod discovery;
+pub mod election;
 pub mod events;
 pub mod identity;
 pub mod leader;

@@ -188,12 +188,13 @@ pub fn host_objects(
             &labels,
         ));
     }
-    // Leader election (`--leader-elect`) on a Lease in the host's own namespace.
+    // Leader election (`--leader-elect`) on Leases in the host's own namespace; per plugin, the
+    // membership Leases are listed, and a member long gone is deleted.
     let meta =
         json!({"name": "wcm-host:leader-election", "namespace": host_sa.0, "labels": labels});
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}],
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "update", "delete"]}],
     }));
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,

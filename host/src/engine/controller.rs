@@ -5,6 +5,7 @@
 //! and the same queue.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -12,6 +13,7 @@ use tokio::sync::RwLock;
 use tokio::task::JoinHandle;
 
 use crate::cluster::api::{ApiAccess, ApiFailure};
+use crate::cluster::election::{Election, Gate};
 use crate::cluster::events::PluginEvent;
 use crate::cluster::services::{PluginCache, Services};
 use crate::contract::change_filter;
@@ -74,13 +76,9 @@ pub struct ControllerParts {
     pub rate_limits: RateLimits,
     /// How long a controller waits for its informers' first list before giving up.
     pub sync_timeout: Duration,
-    /// True while this replica may reconcile (it leads, or no election is held). A standby keeps
-    /// its caches and queues warm and takes no key.
-    pub leading: tokio::sync::watch::Receiver<bool>,
-    /// True while this replica holds the Lease (or no election is held): plugins' writes are
-    /// refused without it. Unlike `leading`, it stays true during a graceful shutdown, so
-    /// in-flight reconciles finish their writes before the Lease is released.
-    pub holds_lease: tokio::sync::watch::Receiver<bool>,
+    /// Whether this replica may reconcile each plugin: a standby keeps its caches and queues
+    /// warm and takes no key.
+    pub election: Arc<Election>,
 }
 
 pub struct Controller {
@@ -96,6 +94,8 @@ pub struct Controller {
     fixed_keys: Vec<Key>,
     metrics: Arc<Metrics>,
     last_error: LastErrorSlot,
+    /// When its workers may take keys; held for as long as the controller runs.
+    gate: Gate,
 }
 
 /// The latest failed reconcile of a controller, for the debug view.
@@ -128,6 +128,10 @@ pub struct ControllerDebug {
     pub version: String,
     pub workers: u32,
     pub queue_depth: usize,
+    pub in_flight: usize,
+    /// Whether this replica reconciles the plugin now, and who holds its Lease.
+    pub leading: bool,
+    pub leader: Option<String>,
     pub last_error: Option<LastError>,
 }
 
@@ -191,6 +195,7 @@ impl Controller {
         version: Version,
         workers: u32,
         resync: Option<Duration>,
+        gate: Gate,
     ) -> Result<Controller, String> {
         let name = version.description.name.clone();
         let queue = WorkQueue::with_observer(
@@ -316,7 +321,7 @@ impl Controller {
                 version: version.clone(),
                 runtime: parts.runtime.clone(),
                 metrics: parts.metrics.clone(),
-                leading: parts.leading.clone(),
+                gate: gate.clone(),
                 last_error: last_error.clone(),
             };
             tasks.push(tokio::spawn(w.run()));
@@ -333,6 +338,7 @@ impl Controller {
             fixed_keys,
             metrics: parts.metrics.clone(),
             last_error,
+            gate,
         })
     }
 
@@ -418,6 +424,9 @@ impl Controller {
                 .unwrap_or_else(|_| "(being swapped)".into()),
             workers: self.workers,
             queue_depth: self.queue.len(),
+            in_flight: self.gate.in_flight.load(Ordering::Relaxed),
+            leading: self.gate.is_taking(),
+            leader: self.gate.leader(),
             last_error: self
                 .last_error
                 .lock()
@@ -484,6 +493,22 @@ fn split_api_version(av: &str) -> (&str, &str) {
     }
 }
 
+/// One reconcile counted in a plugin's in-flight number for as long as it lives.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn enter(n: &Arc<AtomicUsize>) -> InFlight {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Worker {
     name: String,
     queue: WorkQueue<Key>,
@@ -492,7 +517,7 @@ struct Worker {
     version: Arc<RwLock<Arc<Version>>>,
     runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
-    leading: tokio::sync::watch::Receiver<bool>,
+    gate: Gate,
     last_error: LastErrorSlot,
 }
 
@@ -502,23 +527,26 @@ impl Worker {
         let mut warm: (Option<Warm>, u64) = (None, 0);
         loop {
             // A standby (or a replica that lost its lease) takes no key until it leads.
-            if self.leading.wait_for(|leading| *leading).await.is_err() {
+            if self.gate.taking.wait_for(|leading| *leading).await.is_err() {
                 return;
             }
             let Some(key) = self.queue.get().await else {
                 return;
             };
-            if !*self.leading.borrow() {
+            if !self.gate.is_taking() {
                 // Leadership went while waiting for this key: it stays queued for later.
                 self.queue.add(key.clone());
                 self.queue.done(&key);
                 continue;
             }
             self.metrics.active_workers(&self.name, 1);
+            // Counted out on drop: also when the task is aborted mid-call at a stop.
+            let in_flight = InFlight::enter(&self.gate.in_flight);
             let outcome = std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
                 .catch_unwind()
                 .await;
             self.metrics.active_workers(&self.name, -1);
+            drop(in_flight);
             if outcome.is_err() {
                 // A bug on the host's side of this call: the worker carries on (with a fresh
                 // instance), and the key is retried with backoff instead of staying in flight.

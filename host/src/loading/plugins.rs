@@ -359,15 +359,38 @@ impl PluginManager {
                     v["version"] = d.version.clone().into();
                     v["workers"] = d.workers.into();
                     v["queueDepth"] = d.queue_depth.into();
+                    v["inFlight"] = d.in_flight.into();
+                    v["leading"] = d.leading.into();
+                    v["leader"] = d.leader.clone().into();
                     v["lastError"] = serde_json::to_value(&d.last_error).unwrap_or_default();
                 }
                 v
             })
             .collect();
         serde_json::json!({
-            "leading": *self.parts.leading.borrow(),
+            "leading": self.parts.election.leads_any(),
+            "leaderElection": self.parts.election.mode(),
             "plugins": files,
         })
+    }
+
+    /// Whether an election is held (so a plugin without a leader is worth saying so).
+    pub fn elects(&self) -> bool {
+        self.parts.election.mode() != "none"
+    }
+
+    /// For each running file: whether this replica reconciles it now, and who holds its Lease
+    /// (when an election is held).
+    pub async fn leaders(&self) -> BTreeMap<String, (bool, Option<String>)> {
+        self.running
+            .lock()
+            .await
+            .iter()
+            .filter_map(|(stem, r)| {
+                let d = r.controller.as_ref()?.debug();
+                Some((stem.clone(), (d.leading, d.leader)))
+            })
+            .collect()
     }
 
     /// The running controller's queue length and version info, for tests.
@@ -883,6 +906,8 @@ impl PluginManager {
             .map(|k| self.parts.informers.acquire(k.clone()))
             .collect();
         self.events.register(&name, identity.client().clone());
+        // Per plugin, the plugin's election; a version swapped in keeps the running one's.
+        let gate = self.parts.election.gate(&name);
         let services = Arc::new(Services::new(
             &name,
             Reach {
@@ -893,7 +918,7 @@ impl PluginManager {
                 events: self.events.clone(),
                 secrets,
                 metrics: self.parts.metrics.clone(),
-                leading: self.parts.holds_lease.clone(),
+                leading: gate.holds.clone(),
             },
             settings.config.clone(),
             &budgets,
@@ -935,6 +960,7 @@ impl PluginManager {
                     version,
                     workers,
                     resync,
+                    gate,
                 )
                 .await
                 {

@@ -1,6 +1,7 @@
 //! What the manager serves over HTTP on `--metrics-addr`: `/metrics` (Prometheus), `/healthz`,
-//! `/readyz`, `/plugins` (each file's state and why) and `/debug/controllers` (JSON: whether this
-//! replica leads; each plugin's state, version, digest, workers, queue depth and latest failure).
+//! `/readyz`, `/plugins` (each file's state and why, and which replica leads it) and
+//! `/debug/controllers` (JSON: whether this replica leads; each plugin's state, version, digest,
+//! workers, queue depth, in-flight reconciles, leader and latest failure).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ pub async fn serve(
             "/metrics",
             get(|State(s): State<HttpState>| async move { s.metrics.encode() }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/plugins", get(plugins_status))
         .route(
@@ -54,6 +55,35 @@ pub async fn serve(
         }
     });
     Ok((task, bound))
+}
+
+/// `--health-addr`: /healthz and /readyz alone, for the kubelet's probes.
+pub async fn serve_health(
+    addr: SocketAddr,
+    plugins: Arc<PluginManager>,
+) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(HttpState {
+            metrics: crate::metrics::Metrics::new(),
+            plugins,
+        });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listen on {addr} (--health-addr)"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "serving /healthz, /readyz");
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("health server ended: {e}");
+        }
+    });
+    Ok((task, bound))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
 }
 
 /// Ready once the first scan is done: every plugin that loads has synced its informers.
@@ -85,23 +115,38 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
     (StatusCode::OK, body)
 }
 
+/// One line per file: name, state, plugin, digest or reason; for a running plugin under an
+/// election, `leader=IDENTITY` (the replica that reconciles it) and `leading` when that is this one.
 async fn plugins_status(State(s): State<HttpState>) -> String {
     let mut out = String::new();
+    let leaders = s.plugins.leaders().await;
     for (file, st) in s.plugins.status().await {
+        let lead = match leaders.get(&file) {
+            Some((leading, Some(leader))) => {
+                let here = if *leading { "\tleading" } else { "" };
+                // The identity comes from a Lease any peer may write: escaped like guest text.
+                format!(
+                    "\tleader={}{here}",
+                    crate::contract::validate::log_text(leader, 256)
+                )
+            }
+            Some((_, None)) if s.plugins.elects() => "\tleader=(none)".to_string(),
+            _ => String::new(),
+        };
         let line = match st {
             FileStatus::Running {
                 plugin,
                 sha256,
                 update_refused: None,
             } => {
-                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\n")
+                format!("{file}.wasm\trunning\t{plugin}\t{sha256}{lead}\n")
             }
             FileStatus::Running {
                 plugin,
                 sha256,
                 update_refused: Some(e),
             } => {
-                format!("{file}.wasm\trunning\t{plugin}\t{sha256}\tupdate refused: {e}\n")
+                format!("{file}.wasm\trunning\t{plugin}\t{sha256}{lead}\tupdate refused: {e}\n")
             }
             FileStatus::Disabled { plugin } => format!("{file}.wasm\tdisabled\t{plugin}\n"),
             FileStatus::Waiting {

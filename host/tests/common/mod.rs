@@ -127,6 +127,8 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
             ..RateLimits::default()
         },
         leader_election: None,
+        leader_mode: Default::default(),
+        health_addr: None,
         controllers: Default::default(),
         shutdown_grace: Duration::from_secs(10),
     }

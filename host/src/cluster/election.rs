@@ -1,0 +1,512 @@
+//! Who may reconcile which plugin: the gate every controller follows.
+//!
+//! - **No election**: every gate is always open.
+//! - **Whole manager** (kube-controller-manager's way): one Lease; every plugin follows it.
+//! - **Per plugin**: one Lease per plugin (`LEASE-plugin-PLUGIN`), so replicas share the plugins. Each
+//!   replica also renews a membership Lease (`LEASE-member-HASH`, labelled with the election's
+//!   name); from the live members it knows its fair share, `ceil(plugins / members)`. It takes a
+//!   free or expired plugin Lease only below its share, and gives up the Leases above it (last
+//!   by name first) once their in-flight reconciles are done. A replica that dies stops renewing
+//!   both kinds of Lease, so its plugins are taken over once its leases expire, when the
+//!   survivors' shares have grown.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use sha2::Digest;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::leader::{LeaderSettings, Leadership, LeasePolicy};
+use crate::metrics::Metrics;
+
+/// The label on membership Leases; its value is the election's (base Lease) name.
+pub const MEMBER_LABEL: &str = "wasm-controller-manager.io/members-of";
+
+/// `--leader-elect-mode`: one Lease for the manager, or one per plugin.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaderMode {
+    /// kube-controller-manager's way: the leader reconciles every plugin.
+    #[default]
+    Manager,
+    /// Replicas share the plugins, each leading about its fair share.
+    PerPlugin,
+}
+
+/// What one plugin's controller follows.
+#[derive(Clone)]
+pub struct Gate {
+    /// True while its workers may take keys.
+    pub taking: watch::Receiver<bool>,
+    /// True while its writes may go: the Lease is held (it stays held while in-flight reconciles
+    /// finish during a hand-off or shutdown).
+    pub holds: watch::Receiver<bool>,
+    /// Reconciles running now.
+    pub in_flight: Arc<AtomicUsize>,
+    /// The holder of the Lease this plugin follows, when an election is held.
+    pub leader: Option<watch::Receiver<Option<String>>>,
+    /// Per plugin: keeps the plugin's elector running while a controller uses it.
+    _lease: Option<Arc<PluginLease>>,
+}
+
+impl Gate {
+    /// Whether this replica leads the plugin now.
+    pub fn is_taking(&self) -> bool {
+        *self.taking.borrow()
+    }
+
+    /// Who leads it (the Lease holder's identity), if an election is held and someone does.
+    pub fn leader(&self) -> Option<String> {
+        self.leader.as_ref().and_then(|l| l.borrow().clone())
+    }
+}
+
+/// The election of a running manager.
+pub enum Election {
+    /// Every plugin follows the same gate: always open, or one Lease for the manager.
+    Shared {
+        taking: watch::Receiver<bool>,
+        holds: watch::Receiver<bool>,
+        leader: Option<watch::Receiver<Option<String>>>,
+    },
+    PerPlugin(Arc<PluginLeases>),
+}
+
+impl Election {
+    /// The gate of plugin `plugin`. Per plugin, the first gate joins the plugin's election and
+    /// the Lease is released when the last gate of that plugin is dropped.
+    pub fn gate(&self, plugin: &str) -> Gate {
+        match self {
+            Election::Shared {
+                taking,
+                holds,
+                leader,
+            } => Gate {
+                taking: taking.clone(),
+                holds: holds.clone(),
+                in_flight: Arc::default(),
+                leader: leader.clone(),
+                _lease: None,
+            },
+            Election::PerPlugin(leases) => PluginLeases::gate(leases, plugin),
+        }
+    }
+
+    /// Whether this replica leads the whole manager (per plugin: whether it leads any plugin).
+    pub fn leads_any(&self) -> bool {
+        match self {
+            Election::Shared { taking, .. } => *taking.borrow(),
+            Election::PerPlugin(leases) => leases.held() > 0,
+        }
+    }
+
+    /// "manager", "per-plugin", or "none".
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Election::Shared { leader: None, .. } => "none",
+            Election::Shared { .. } => "manager",
+            Election::PerPlugin(_) => "per-plugin",
+        }
+    }
+}
+
+/// One Lease per plugin, and this replica's membership.
+pub struct PluginLeases {
+    client: kube::Client,
+    settings: LeaderSettings,
+    metrics: Arc<Metrics>,
+    /// False once the manager stops: no gate opens again.
+    open: watch::Receiver<bool>,
+    shares: Arc<Shares>,
+    /// The live elections, by plugin: the gates' handle, and the elector (released when the
+    /// last gate goes, or all together at shutdown).
+    leases: Mutex<HashMap<String, Weak<PluginLease>>>,
+    electors: Mutex<HashMap<String, Leadership>>,
+    member: Mutex<Option<(JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>>,
+}
+
+/// What the fair share is computed from.
+#[derive(Default)]
+struct Shares {
+    /// Live replicas (at least this one).
+    members: AtomicUsize,
+    /// Every plugin with an election on this replica: whether it holds the plugin's Lease, and
+    /// its in-flight reconciles.
+    plugins: Mutex<BTreeMap<String, Member>>,
+}
+
+/// A plugin in the shares: whether this replica holds its Lease, and its in-flight reconciles.
+type Member = (watch::Receiver<bool>, Arc<AtomicUsize>);
+
+impl Shares {
+    /// How many plugin Leases this replica holds, how many it should, and which it holds.
+    fn counts(&self) -> (usize, usize, Vec<String>) {
+        let plugins = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
+        let members = self.members.load(Ordering::Relaxed).max(1);
+        let share = plugins.len().div_ceil(members);
+        let held: Vec<String> = plugins
+            .iter()
+            .filter(|(_, (holds, _))| *holds.borrow())
+            .map(|(p, _)| p.clone())
+            .collect();
+        (held.len(), share, held)
+    }
+}
+
+/// One plugin's policy under the shares.
+struct Share {
+    plugin: String,
+    shares: Arc<Shares>,
+}
+
+impl LeasePolicy for Share {
+    fn may_acquire(&self) -> bool {
+        let (held, share, _) = self.shares.counts();
+        held < share
+    }
+
+    fn should_release(&self) -> bool {
+        let (held, share, names) = self.shares.counts();
+        // The Leases past the share, by name: every replica picks the same ones to give up.
+        held > share && names.iter().skip(share).any(|p| *p == self.plugin)
+    }
+
+    fn busy(&self) -> bool {
+        let plugins = self
+            .shares
+            .plugins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        plugins
+            .get(&self.plugin)
+            .is_some_and(|(_, n)| n.load(Ordering::Relaxed) > 0)
+    }
+}
+
+/// One plugin's election on this replica, shared by its gates. When the last goes (the plugin
+/// stopped), the plugin's Lease is released, unless the manager is stopping: then
+/// [`PluginLeases::release_all`] releases every Lease once in-flight work is done.
+pub struct PluginLease {
+    plugin: String,
+    owner: Weak<PluginLeases>,
+    taking: watch::Receiver<bool>,
+    holds: watch::Receiver<bool>,
+    leader: watch::Receiver<Option<String>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Drop for PluginLease {
+    fn drop(&mut self) {
+        let Some(owner) = self.owner.upgrade() else {
+            return;
+        };
+        if !*owner.open.borrow() {
+            return;
+        }
+        owner
+            .shares
+            .plugins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.plugin);
+        let elector = owner
+            .electors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.plugin);
+        if let (Some(l), Ok(rt)) = (elector, tokio::runtime::Handle::try_current()) {
+            rt.spawn(l.release());
+        }
+    }
+}
+
+impl PluginLeases {
+    /// Starts this replica's membership; plugins join as their controllers start.
+    pub fn start(
+        client: kube::Client,
+        settings: LeaderSettings,
+        metrics: Arc<Metrics>,
+        open: watch::Receiver<bool>,
+    ) -> Result<Arc<PluginLeases>> {
+        settings.check()?;
+        let shares = Arc::new(Shares {
+            members: AtomicUsize::new(1),
+            ..Shares::default()
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let member = Membership {
+            leases: Api::namespaced(client.clone(), &settings.namespace),
+            name: member_lease_name(&settings),
+            settings: settings.clone(),
+            shares: shares.clone(),
+            seen: HashMap::new(),
+        };
+        let task = tokio::spawn(member.run(stopped));
+        Ok(Arc::new(PluginLeases {
+            client,
+            settings,
+            metrics,
+            open,
+            shares,
+            leases: Mutex::default(),
+            electors: Mutex::default(),
+            member: Mutex::new(Some((task, stop))),
+        }))
+    }
+
+    /// How many plugin Leases this replica holds.
+    pub fn held(&self) -> usize {
+        self.shares.counts().0
+    }
+
+    fn gate(self: &Arc<Self>, plugin: &str) -> Gate {
+        let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        leases.retain(|_, l| l.strong_count() > 0);
+        let lease = match leases.get(plugin).and_then(Weak::upgrade) {
+            Some(l) => l,
+            None => {
+                let l = Arc::new(self.join(plugin));
+                leases.insert(plugin.to_string(), Arc::downgrade(&l));
+                l
+            }
+        };
+        Gate {
+            taking: all_of(lease.taking.clone(), self.open.clone()),
+            holds: lease.holds.clone(),
+            in_flight: lease.in_flight.clone(),
+            leader: Some(lease.leader.clone()),
+            _lease: Some(lease),
+        }
+    }
+
+    fn join(self: &Arc<Self>, plugin: &str) -> PluginLease {
+        let settings = LeaderSettings {
+            lease_name: format!("{}-plugin-{plugin}", self.settings.lease_name),
+            ..self.settings.clone()
+        };
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let policy = Arc::new(Share {
+            plugin: plugin.to_string(),
+            shares: self.shares.clone(),
+        });
+        // The settings were checked when the leases started; a failure here cannot happen, but
+        // if it did the plugin would stay a standby rather than take the manager down.
+        let leadership = Leadership::join_with(
+            self.client.clone(),
+            settings,
+            self.metrics.clone(),
+            Some(policy),
+        )
+        .map_err(|e| tracing::error!(plugin, "cannot join the plugin's election: {e:#}"))
+        .ok();
+        let (taking, holds, leader) = match &leadership {
+            Some(l) => (l.taking(), l.subscribe(), l.holder()),
+            None => (
+                watch::channel(false).1,
+                watch::channel(false).1,
+                watch::channel(None).1,
+            ),
+        };
+        self.shares
+            .plugins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(plugin.to_string(), (holds.clone(), in_flight.clone()));
+        if let Some(l) = leadership {
+            // A previous elector of this plugin (its gates just went) is replaced, not leaked.
+            let old = self
+                .electors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(plugin.to_string(), l);
+            if let Some(old) = old {
+                tokio::spawn(old.release());
+            }
+        }
+        PluginLease {
+            plugin: plugin.to_string(),
+            owner: Arc::downgrade(self),
+            taking,
+            holds,
+            leader,
+            in_flight,
+        }
+    }
+
+    /// Releases every plugin Lease this replica holds and leaves the membership, so peers take
+    /// the plugins over at their next look. Call it once in-flight work is done.
+    pub async fn release_all(&self) {
+        let electors: Vec<Leadership> = self
+            .electors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, l)| l)
+            .collect();
+        let releases: Vec<_> = electors.into_iter().map(Leadership::release).collect();
+        futures::future::join_all(releases).await;
+        let member = self.member.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((task, stop)) = member {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+}
+
+/// A receiver that is true while both inputs are; it ends with them or when nobody listens.
+fn all_of(mut a: watch::Receiver<bool>, mut b: watch::Receiver<bool>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(*a.borrow_and_update() && *b.borrow_and_update());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                r = a.changed() => if r.is_err() { break },
+                r = b.changed() => if r.is_err() { break },
+                _ = tx.closed() => return,
+            }
+            tx.send_replace(*a.borrow_and_update() && *b.borrow_and_update());
+        }
+        tx.send_replace(false);
+    });
+    rx
+}
+
+/// The name of this replica's membership Lease: the election's name and a digest of the
+/// identity (a Pod name and suffix may be longer than a name allows).
+fn member_lease_name(settings: &LeaderSettings) -> String {
+    let digest = sha2::Sha256::digest(settings.identity.as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("{}-member-{hex}", settings.lease_name)
+}
+
+/// Renews this replica's membership Lease and counts the live members every retry period.
+struct Membership {
+    leases: Api<Lease>,
+    name: String,
+    settings: LeaderSettings,
+    shares: Arc<Shares>,
+    /// Each member Lease's resourceVersion and when this replica first saw it: a member whose
+    /// Lease has not changed for the lease duration (on this replica's clock) is gone.
+    seen: HashMap<String, (String, Instant)>,
+}
+
+impl Membership {
+    async fn run(mut self, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+        let mut tick = tokio::time::interval(self.settings.retry_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                _ = tick.tick() => {}
+            }
+            let deadline = self.settings.renew_deadline;
+            let round = async {
+                self.renew().await;
+                self.count().await;
+            };
+            let _ = tokio::time::timeout(deadline, round).await;
+        }
+        // Leaving: peers count one member fewer at once.
+        if let Err(e) = self
+            .leases
+            .delete(&self.name, &DeleteParams::default())
+            .await
+        {
+            tracing::debug!(lease = %self.name, "deleting the membership Lease failed: {e}");
+        }
+    }
+
+    async fn renew(&self) {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let spec = LeaseSpec {
+            holder_identity: Some(self.settings.identity.clone()),
+            lease_duration_seconds: i32::try_from(self.settings.lease_duration.as_secs()).ok(),
+            renew_time: Some(now),
+            ..Default::default()
+        };
+        let result = match self.leases.get_opt(&self.name).await {
+            Ok(Some(mut lease)) => {
+                lease.spec = Some(spec);
+                self.leases
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await
+            }
+            Ok(None) => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        labels: Some(
+                            [(MEMBER_LABEL.to_string(), self.settings.lease_name.clone())].into(),
+                        ),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                };
+                self.leases.create(&PostParams::default(), &lease).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::debug!(lease = %self.name, "renewing the membership Lease failed: {e}");
+        }
+    }
+
+    async fn count(&mut self) {
+        let selector = format!("{MEMBER_LABEL}={}", self.settings.lease_name);
+        let list = match self
+            .leases
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!("listing the membership Leases failed: {e}");
+                return;
+            }
+        };
+        let mut live = 1;
+        let mut present = Vec::new();
+        for lease in list.items {
+            let (Some(name), Some(rv)) = (lease.metadata.name, lease.metadata.resource_version)
+            else {
+                continue;
+            };
+            present.push(name.clone());
+            let entry = self
+                .seen
+                .entry(name.clone())
+                .or_insert_with(|| (rv.clone(), Instant::now()));
+            if entry.0 != rv {
+                *entry = (rv.clone(), Instant::now());
+            }
+            let since = entry.1.elapsed();
+            if name == self.name {
+                continue;
+            }
+            if since <= self.settings.lease_duration {
+                live += 1;
+            } else if since > self.settings.lease_duration * 3 {
+                // Long gone (killed, never left): removed, unless it was renewed meanwhile.
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: Some(rv),
+                        uid: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                let _ = self.leases.delete(&name, &dp).await;
+            }
+        }
+        self.seen.retain(|n, _| present.contains(n));
+        let before = self.shares.members.swap(live, Ordering::Relaxed);
+        if before != live {
+            tracing::info!(members = live, "replicas sharing the plugins");
+        }
+    }
+}
