@@ -491,8 +491,10 @@ impl Membership {
             }
             if since <= self.settings.lease_duration {
                 live += 1;
-            } else if since > self.settings.lease_duration * 3 {
-                // Long gone (killed, never left): removed, unless it was renewed meanwhile.
+            } else {
+                // Gone (killed, never left): removed, unless renewed meanwhile, so a replica that
+                // joins later does not count it for another lease duration. A member that was
+                // only cut off makes its Lease again at its next renewal.
                 let dp = DeleteParams {
                     preconditions: Some(Preconditions {
                         resource_version: Some(rv),
