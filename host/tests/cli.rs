@@ -182,6 +182,32 @@ fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> 
             ],
             "not a duration",
         ),
+        (
+            vec![
+                "run",
+                "--plugins-dir",
+                dir,
+                "--leader-elect-mode",
+                "per-node",
+            ],
+            "--leader-elect-mode",
+        ),
+        (
+            vec!["run", "--plugins-dir", dir, "--health-addr", "8081"],
+            "--health-addr",
+        ),
+        (
+            vec![
+                "run",
+                "--plugins-dir",
+                dir,
+                "--metrics-addr",
+                "127.0.0.1:8080",
+                "--health-addr",
+                "127.0.0.1:8080",
+            ],
+            "another port",
+        ),
     ] {
         let out = run_args(&args)?;
         let err = String::from_utf8_lossy(&out.stderr);
@@ -199,6 +225,8 @@ fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> 
         "--controllers",
         "--concurrent-syncs",
         "--kube-api-qps",
+        "--leader-elect-mode",
+        "--health-addr",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }

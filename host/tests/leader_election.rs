@@ -139,6 +139,8 @@ fn free_port() -> Result<u16> {
 struct Host {
     child: Child,
     addr: SocketAddr,
+    /// `--health-addr`, as the Deployment runs it.
+    health: SocketAddr,
 }
 
 impl Host {
@@ -156,9 +158,11 @@ impl Host {
         extra: &[&str],
     ) -> Result<Host> {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let health: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let child = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
             .env("POD_NAME", pod_name)
             .arg("run")
+            .args(["--health-addr", &health.to_string()])
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .arg("--plugins-dir")
@@ -177,7 +181,11 @@ impl Host {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log)?)
             .spawn()?;
-        Ok(Host { child, addr })
+        Ok(Host {
+            child,
+            addr,
+            health,
+        })
     }
 
     async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
@@ -405,6 +413,10 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     )
     .await?;
     println!("balanced: {balanced:?}");
+    // The probes' own address answers them, and only them.
+    assert_eq!(http_get_at(first.health, "/readyz").await?.0, 200);
+    assert_eq!(http_get_at(first.health, "/healthz").await?.0, 200);
+    assert_eq!(http_get_at(first.health, "/metrics").await?.0, 404);
     let (_, listing) = http_get_at(first.addr, "/plugins").await?;
     assert_eq!(
         listing.matches("\tleading").count(),
