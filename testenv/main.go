@@ -11,6 +11,9 @@
 // current revision (so a watch resumed from an older resourceVersion gets 410 Gone once the
 // apiserver's watch cache no longer holds it), "quit" shuts down. EOF on stdin also shuts down,
 // so a test process that dies never leaves a cluster behind.
+//
+// "testenv kustomize DIR" instead prints what `kubectl kustomize DIR` prints and exits
+// (kustomize.go), so the tests can render manifests/ without kubectl.
 package main
 
 import (
@@ -42,6 +45,9 @@ type options struct {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == apiserverRole {
 		os.Exit(runAPIServer(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == kustomizeRole {
+		os.Exit(runKustomize(os.Args[2:]))
 	}
 	var o options
 	flag.StringVar(&o.dir, "dir", "", "working directory for etcd data, certificates and logs (default: a new temp dir, removed on exit)")

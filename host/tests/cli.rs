@@ -106,7 +106,7 @@ fn rbac_prints_the_grant_of_what_a_plugin_declares() -> Result<()> {
         assert!(nodes.iter().any(|v| v == verb), "nodes: {nodes:?}");
     }
     assert!(!nodes.iter().any(|v| v == "delete"), "nodes: {nodes:?}");
-    assert!(text.contains("name: wcm-host:impersonate"), "{text}");
+    assert!(text.contains("name: wcm-host:impersonate:"), "{text}");
     assert!(text.contains("- impersonate"), "{text}");
     assert!(
         text.contains("# note:"),

@@ -484,11 +484,11 @@ async fn the_host_needs_only_the_rbac_it_generates_for_its_plugins() -> Result<(
     .await?;
     // First without the host's own list/watch: the plugin waits, saying so, instead of starting
     // informers whose caches could never fill.
-    let (watch, rest): (Vec<_>, Vec<_>) = out
-        .objects
-        .iter()
-        .cloned()
-        .partition(|o| o["metadata"]["name"] == "wcm-host:watch");
+    let (watch, rest): (Vec<_>, Vec<_>) = out.objects.iter().cloned().partition(|o| {
+        o["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("wcm-host:watch:"))
+    });
     assert!(
         !watch.is_empty(),
         "no host watch grant in {:?}",

@@ -4,8 +4,9 @@
 //!
 //! Per plugin: a ServiceAccount; a ClusterRole with its declared permissions and list/watch of what
 //! it watches in all namespaces; a Role in each namespace it watches alone; events create/patch where
-//! its events go; get on the Secrets its NAME.toml names. For the host: list/watch of every watched
-//! resource (its shared informers) and `impersonate` on exactly those ServiceAccounts.
+//! its events go; get on the Secrets its NAME.toml names. For the host, per plugin: list/watch of
+//! what it watches (the shared informers) and `impersonate` on its ServiceAccount; and, shared,
+//! CRD list/watch and its leader-election Leases.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -129,13 +130,18 @@ pub fn plugin_objects(identity: &IdentitySettings, p: &PluginRbac<'_>) -> Vec<Va
         add(&mut rules, None, &perm.group, &perm.resource, &verbs);
     }
     watch_rules(&mut rules, &p.watches, true);
-    for s in &p.secrets {
-        // One rule per Secret, limited to its name.
-        let role = format!("wcm-plugin:{}:secret:{}", d.name, s.name);
-        let meta = json!({"name": role, "namespace": s.namespace, "labels": labels});
+    // One Role per Secret, limited to its name (several keys of one Secret share it).
+    let secrets: BTreeSet<(&str, &str)> = p
+        .secrets
+        .iter()
+        .map(|s| (s.namespace.as_str(), s.name.as_str()))
+        .collect();
+    for (namespace, secret) in secrets {
+        let role = format!("wcm-plugin:{}:secret:{secret}", d.name);
+        let meta = json!({"name": role, "namespace": namespace, "labels": labels});
         out.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [s.name], "verbs": ["get"]}],
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": ["get"]}],
         }));
         out.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
@@ -159,7 +165,11 @@ pub fn plugin_objects(identity: &IdentitySettings, p: &PluginRbac<'_>) -> Vec<Va
 
 /// What the host's own ServiceAccount needs for these plugins: list/watch of what they watch (the
 /// shared informers run as the host) and of CRDs (to keep discovery fresh), its leader-election
-/// Lease, and impersonation of exactly their ServiceAccounts.
+/// Leases, and impersonation of exactly their ServiceAccounts.
+///
+/// The objects for a plugin are named after it (`wcm-host:watch:PLUGIN`,
+/// `wcm-host:impersonate:PLUGIN`), and the shared ones do not depend on the plugins, so grants
+/// add up: applying the output for one new plugin leaves the others' grants as they were.
 pub fn host_objects(
     identity: &IdentitySettings,
     host_sa: (&str, &str),
@@ -167,21 +177,19 @@ pub fn host_objects(
 ) -> Vec<Value> {
     let labels = json!({"app.kubernetes.io/managed-by": "wasm-controller-manager"});
     let subject = json!({"kind": "ServiceAccount", "name": host_sa.1, "namespace": host_sa.0});
-    let mut rules = Rules::new();
-    let all: Vec<WatchedResource> = plugins.iter().flat_map(|p| p.watches.clone()).collect();
-    watch_rules(&mut rules, &all, false);
+    let mut out = Vec::new();
     // CRD metadata: the discovery cache follows CRDs that are deleted or re-created.
+    let mut crds = Rules::new();
     add(
-        &mut rules,
+        &mut crds,
         None,
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         &["list", "watch"],
     );
-    let mut out = Vec::new();
-    for (ns, r) in &rules {
+    for (ns, r) in &crds {
         out.extend(role_and_binding(
-            "wcm-host:watch",
+            "wcm-host:crds",
             ns.as_deref(),
             r,
             subject.clone(),
@@ -189,7 +197,7 @@ pub fn host_objects(
         ));
     }
     // Leader election (`--leader-elect`) on Leases in the host's own namespace; per plugin, the
-    // membership Leases are listed, and a member long gone is deleted.
+    // membership Leases are listed, and a member gone for a lease duration is deleted.
     let meta =
         json!({"name": "wcm-host:leader-election", "namespace": host_sa.0, "labels": labels});
     out.push(json!({
@@ -201,22 +209,38 @@ pub fn host_objects(
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wcm-host:leader-election"},
         "subjects": [subject.clone()],
     }));
-    let mut names: Vec<String> = plugins
-        .iter()
-        .map(|p| identity.service_account(&p.description.name))
-        .collect();
-    names.sort();
-    names.dedup();
-    if !names.is_empty() {
-        let meta = json!({"name": "wcm-host:impersonate", "namespace": identity.namespace, "labels": labels});
+    // Per plugin: its informers (run as the host) and its ServiceAccount to impersonate.
+    let mut by_name: BTreeMap<&str, Vec<WatchedResource>> = BTreeMap::new();
+    for p in plugins {
+        by_name
+            .entry(p.description.name.as_str())
+            .or_default()
+            .extend(p.watches.iter().cloned());
+    }
+    for (plugin, watches) in by_name {
+        let plugin_labels = json!({"app.kubernetes.io/managed-by": "wasm-controller-manager", "wcm.dev/plugin": plugin});
+        let mut rules = Rules::new();
+        watch_rules(&mut rules, &watches, false);
+        let name = format!("wcm-host:watch:{plugin}");
+        for (ns, r) in &rules {
+            out.extend(role_and_binding(
+                &name,
+                ns.as_deref(),
+                r,
+                subject.clone(),
+                &plugin_labels,
+            ));
+        }
+        let role = format!("wcm-host:impersonate:{plugin}");
+        let meta = json!({"name": role, "namespace": identity.namespace, "labels": plugin_labels});
         out.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": names, "verbs": ["impersonate"]}],
+            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [identity.service_account(plugin)], "verbs": ["impersonate"]}],
         }));
         out.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wcm-host:impersonate"},
-            "subjects": [subject],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [subject.clone()],
         }));
     }
     out
@@ -319,7 +343,7 @@ mod tests {
         let host = host_objects(&ids, ("wcm-system", "wasm-controller-manager"), &[p]);
         let imp = host
             .iter()
-            .find(|o| o["metadata"]["name"] == "wcm-host:impersonate" && o["kind"] == "Role")
+            .find(|o| o["metadata"]["name"] == "wcm-host:impersonate:demo" && o["kind"] == "Role")
             .expect("impersonation role");
         assert_eq!(
             imp["rules"][0]["resourceNames"],

@@ -14,10 +14,13 @@
 //!
 //! [`OpenStack`] runs real Keystone + Neutron API servers on loopback for the network plugin's
 //! tests ([`openstack`]).
+//!
+//! [`kustomize()`] renders a kustomization as `kubectl kustomize` does, without kubectl.
 
 pub mod audit;
 mod control;
 pub mod crds;
+pub mod kustomize;
 mod namespace;
 pub mod openstack;
 pub mod openstack_api;
@@ -31,6 +34,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub use audit::{AuditEvent, AuditMark};
 pub use control::ReadyInfo;
+pub use kustomize::kustomize;
 pub use namespace::TestNamespace;
 pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
 pub use proxy::CuttableProxy;
