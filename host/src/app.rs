@@ -82,8 +82,9 @@ pub struct Manager {
     _always: Option<tokio::sync::watch::Sender<bool>>,
 }
 
-/// The client configuration from a kubeconfig file, or the usual inference (KUBECONFIG,
-/// in-cluster).
+/// The client configuration from a kubeconfig file (`--kubeconfig` or KUBECONFIG); without one,
+/// in a Pod the in-cluster ServiceAccount first (as kube-controller-manager), else
+/// ~/.kube/config.
 pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> Result<kube::Config> {
     match kubeconfig {
         Some(path) => {
@@ -93,9 +94,17 @@ pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> Result<kube::Config> {
                 .await
                 .context("use the kubeconfig")
         }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig given and none found (KUBECONFIG, ~/.kube/config, in-cluster)"),
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            let config = kube::Config::incluster().context(
+                "in a Pod (KUBERNETES_SERVICE_HOST is set) but the in-cluster configuration \
+                 cannot be read (/var/run/secrets/kubernetes.io/serviceaccount)",
+            )?;
+            tracing::info!(server = %config.cluster_url, "using the in-cluster configuration (the Pod's ServiceAccount)");
+            Ok(config)
+        }
+        None => kube::Config::infer().await.context(
+            "no kubeconfig given and none found (--kubeconfig, KUBECONFIG, ~/.kube/config, in-cluster)",
+        ),
     }
 }
 

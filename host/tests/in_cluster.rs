@@ -6,7 +6,7 @@
 //! root of its own (the image: `/usr/local/bin/wasm-controller-manager`, the plugins in `/plugins`),
 //! read-only, with the ServiceAccount token from the TokenRequest API at the standard path, the
 //! `emptyDir` volumes, the container's args and env, `runAsUser`/`runAsGroup`, no capabilities and
-//! no privilege escalation; no kubeconfig, so kube-rs takes the in-cluster configuration.
+//! no privilege escalation; no kubeconfig, so the host takes the in-cluster configuration.
 //!
 //! What the API server saw (its audit log) proves the rest: pod-counter labels a control-plane Node
 //! and records events, the network plugin reads its Secret and creates its network in the real
@@ -633,8 +633,8 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
     .context("the API server's CA")?;
     std::fs::write(dir.join("sa/namespace"), &spec.namespace)?;
 
-    // 5. The container: the runtime's and the Pod's environment (plus kube-rs's trace of where its
-    // configuration came from), the Deployment's args with the listeners moved to free ports.
+    // 5. The container: the runtime's and the Pod's environment, the Deployment's args with the
+    // listeners moved to free ports.
     let (args, moved) = rebind(&spec.args)?;
     // Without --metrics-addr the host would bind the machine's 0.0.0.0:8080.
     let metrics_port = arg_value(&spec.args, "--metrics-addr")
@@ -652,15 +652,9 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
         "KUBERNETES_SERVICE_HOST=127.0.0.1".to_string(),
         format!("KUBERNETES_SERVICE_PORT={apiserver_port}"),
     ];
-    let log_filter = spec
-        .env
-        .iter()
-        .find(|(k, _)| k == "WCM_LOG")
-        .map_or("info", |(_, v)| v.as_str());
-    for (k, v) in spec.env.iter().filter(|(k, _)| k != "WCM_LOG") {
+    for (k, v) in &spec.env {
         env_vars.push(format!("{k}={v}"));
     }
-    env_vars.push(format!("WCM_LOG={log_filter},kube_client::config=trace"));
     let mark = env.audit_mark()?;
     let mut host = PodProcess::start(&dir, &spec, &env_vars, &args)?;
     let result = run_checks(
@@ -1009,10 +1003,10 @@ async fn run_checks(
         tagged[0]["id"]
     );
 
-    // The host's log says where its configuration came from (kube-rs, at trace level).
+    // The host's log says where its configuration came from.
     let log = host.log_text();
     assert!(
-        log.contains("falling back to local in-cluster config"),
+        log.contains("using the in-cluster configuration"),
         "the log does not say the in-cluster config was used"
     );
     // The compile cache in the emptyDir is used, not refused (it must be the host's own).

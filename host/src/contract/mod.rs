@@ -6,6 +6,7 @@
 
 mod bindings;
 pub mod change_filter;
+pub mod isolation;
 pub mod mapping;
 pub mod validate;
 

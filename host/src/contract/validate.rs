@@ -306,6 +306,7 @@ pub fn description(d: &super::Description) -> Result<(), String> {
     }
     super::change_filter::filters(d).map_err(|e| format!("plugin {name}: {e}"))?;
     super::mapping::mappings(d).map_err(|e| format!("plugin {name}: {e}"))?;
+    super::isolation::declared(d).map_err(|e| format!("plugin {name}: {e}"))?;
     Ok(())
 }
 

@@ -17,6 +17,7 @@ use crate::cluster::election::{Election, Gate};
 use crate::cluster::events::PluginEvent;
 use crate::cluster::services::{PluginCache, Services};
 use crate::contract::change_filter;
+use crate::contract::isolation::Isolation;
 use crate::contract::mapping::{self, ExtraMapping};
 use crate::contract::validate;
 use crate::contract::{Action, Description, KindKey, KindRef, Mapping, ObjectKey, Request, Watch};
@@ -24,7 +25,6 @@ use crate::engine::cache::{CachedObject, Key, ObjectStore};
 use crate::engine::informer::{Change, Informer, InformerKey, Informers};
 use crate::engine::queue::WorkQueue;
 use crate::engine::rate_limit::{RateLimiter, RateLimits};
-use crate::loading::settings::Isolation;
 use crate::metrics::Metrics;
 use crate::sandbox::{CallError, Compiled, Limits, Runtime, Warm};
 
@@ -126,6 +126,8 @@ fn note_error(slot: &LastErrorSlot, key: &Key, message: &str) {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ControllerDebug {
     pub version: String,
+    /// "call" or "worker" (NAME.toml, else the plugin's own declaration, else "call").
+    pub isolation: &'static str,
     pub workers: u32,
     pub queue_depth: usize,
     pub in_flight: usize,
@@ -422,6 +424,11 @@ impl Controller {
                 .try_read()
                 .map(|v| v.description.version.clone())
                 .unwrap_or_else(|_| "(being swapped)".into()),
+            isolation: match self.version.try_read().map(|v| v.isolation) {
+                Ok(Isolation::Worker) => "worker",
+                Ok(Isolation::Call) => "call",
+                Err(_) => "(being swapped)",
+            },
             workers: self.workers,
             queue_depth: self.queue.len(),
             in_flight: self.gate.in_flight.load(Ordering::Relaxed),

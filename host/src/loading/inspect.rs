@@ -92,6 +92,14 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
     };
     // Checked when the file was described: a description that got here has valid mappings.
     let extended = mapping::mappings(&d).unwrap_or_else(|_| vec![None; d.secondaries.len()]);
+    let declared_isolation =
+        crate::contract::isolation::declared(&d)
+            .ok()
+            .flatten()
+            .map(|i| match i {
+                crate::contract::isolation::Isolation::Call => "call",
+                crate::contract::isolation::Isolation::Worker => "worker",
+            });
     let report = serde_json::json!({
         "file": path.display().to_string(),
         "sizeBytes": compiled.size,
@@ -113,6 +121,7 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         }).collect::<Vec<_>>(),
         "resyncSeconds": d.resync_seconds,
         "workers": d.workers,
+        "isolation": declared_isolation,
         "permissions": d.permissions.iter().map(|p| serde_json::json!({"group": p.group, "resource": p.resource, "verbs": p.verbs})).collect::<Vec<_>>(),
         "outboundHosts": d.outbound_hosts,
         "configKeys": d.config_keys,
@@ -167,6 +176,14 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         d.workers
             .map(|w| w.to_string())
             .unwrap_or_else(|| "host default".into()),
+    );
+    line(
+        &mut out,
+        "isolation",
+        match declared_isolation {
+            Some(i) => format!("{i} (declared; NAME.toml may override)"),
+            None => "call (host default; NAME.toml may override)".into(),
+        },
     );
     for p in &d.permissions {
         line(

@@ -34,6 +34,7 @@ use crate::cluster::events::EventSink;
 use crate::cluster::identity::{Access, IdentitySettings, PluginIdentity};
 use crate::cluster::permissions::Permissions;
 use crate::cluster::services::{BudgetSettings, Reach, Services};
+use crate::contract::isolation;
 use crate::engine::controller::{
     Controller, ControllerDebug, ControllerParts, Version, plugin_cache, resolve_watches,
 };
@@ -357,6 +358,7 @@ impl PluginManager {
                 v["file"] = format!("{stem}.wasm").into();
                 if let Some(d) = running.get(stem) {
                     v["version"] = d.version.clone().into();
+                    v["isolation"] = d.isolation.into();
                     v["workers"] = d.workers.into();
                     v["queueDepth"] = d.queue_depth.into();
                     v["inFlight"] = d.in_flight.into();
@@ -926,12 +928,17 @@ impl PluginManager {
             protected_ips,
         ));
         let sha = compiled.sha256.clone();
+        // The operator's choice, else the plugin's own (validated at load), else per call.
+        let isolation = settings
+            .isolation
+            .or(isolation::declared(&description).ok().flatten())
+            .unwrap_or_default();
         let version = Version {
             compiled,
             description,
             services,
             limits,
-            isolation: settings.isolation.unwrap_or_default(),
+            isolation,
             id: Version::next_id(),
         };
         let same_shape = match previous.as_ref().and_then(|p| p.controller.as_ref()) {

@@ -134,14 +134,7 @@ fn redact_quoted(message: &str) -> String {
     out
 }
 
-/// How calls of one plugin are isolated from each other.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Isolation {
-    #[default]
-    Call,
-    Worker,
-}
+pub use crate::contract::isolation::Isolation;
 
 /// `namespace/name/key` of a Secret's data entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the config-reloader (Python) into a component with componentize-py, against the same WIT
+# world as the Rust plugins: $WCM_PLUGIN_ARTIFACTS/config_reloader.wasm. The toolchain is installed
+# from PyPI into a venv under $WCM_CACHE_DIR (once per requirements.txt); the component is rebuilt
+# only when its sources, the WIT or the toolchain change. `build.sh test` runs the native tests of
+# its logic with that venv's pytest instead.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+: "${WCM_CACHE_DIR:=$HOME/.cache/wasm-controller-manager}"
+: "${WCM_PLUGIN_ARTIFACTS:=${CARGO_TARGET_DIR:-$root/target}/wasm32-wasip2/plugin}"
+mkdir -p "$WCM_CACHE_DIR" "$WCM_PLUGIN_ARTIFACTS"
+
+venv="$WCM_CACHE_DIR/componentize-py-$(sha256sum "$here/requirements.txt" | cut -c1-16)"
+exec 9>"$venv.lock"
+flock 9
+if [ ! -x "$venv/bin/componentize-py" ]; then
+  echo "config-reloader: installing componentize-py into $venv" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+fi
+flock -u 9
+
+if [ "${1:-}" = test ]; then
+  cd "$here"
+  exec "$venv/bin/python" -m pytest -q -p no:cacheprovider .
+fi
+
+out="$WCM_PLUGIN_ARTIFACTS/config_reloader.wasm"
+stamp=$(cat "$here"/app.py "$here"/reloader.py "$here/requirements.txt" "$root"/wit/*.wit | sha256sum | cut -c1-32)
+if [ -f "$out" ] && [ "$(cat "$out.stamp" 2>/dev/null)" = "$stamp" ]; then
+  exit 0
+fi
+cd "$here"
+"$venv/bin/componentize-py" -d "$root/wit" -w plugin componentize app -o "$out.tmp" >/dev/null
+mv "$out.tmp" "$out"
+echo "$stamp" > "$out.stamp"
