@@ -12,8 +12,9 @@
 //! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench languages`
 //! (prints a table; docs/benchmarks.md keeps the numbers).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,37 +22,9 @@ use wasm_controller_manager::cluster::services::Services;
 use wasm_controller_manager::contract::{ObjectKey, Request};
 use wasm_controller_manager::sandbox::{Compiled, Limits, Runtime, RuntimeSettings};
 
+use common::{artifact, rss_mib};
+
 const DEPLOYMENT: &str = include_str!("fixtures/deployment.json");
-
-fn artifact(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = std::env::var_os("WCM_PLUGIN_ARTIFACTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target.join("wasm32-wasip2/plugin"));
-    let file = format!("{}.wasm", name.replace('-', "_"));
-    for c in [dir.join("examples").join(&file), dir.join(&file)] {
-        if c.is_file() {
-            return c;
-        }
-    }
-    panic!(
-        "no {name}.wasm under {}: run scripts/build-plugins first",
-        dir.display()
-    );
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn p50_p99(mut v: Vec<Duration>) -> String {
     v.sort();
@@ -171,18 +144,18 @@ fn main() {
     println!("|---|---|---|---|---|");
     let mut loaded = Vec::new();
     for ((label, _), (bytes, cold)) in plugins.iter().zip(&cold) {
-        let before = rss_kib();
+        let before = rss_mib();
         let started = Instant::now();
         let compiled = bench.runtime.compile(bytes).expect("load");
         let took = started.elapsed();
         assert!(compiled.from_cache, "{label} was not in the compile cache");
-        let after = rss_kib();
+        let after = rss_mib();
         println!(
-            "| {label} | {:.2} MB | {:.1} s | {:.1} ms | {} KiB |",
+            "| {label} | {:.2} MB | {:.1} s | {:.1} ms | {:.0} KiB |",
             bytes.len() as f64 / 1e6,
             cold.as_secs_f64(),
             took.as_secs_f64() * 1000.0,
-            after.saturating_sub(before)
+            (after - before).max(0.0) * 1024.0
         );
         loaded.push((*label, compiled));
     }

@@ -1,11 +1,12 @@
 //! The command line: `inspect` reports what a real plugin declares, and refuses bad files with a
-//! clear message and a non-zero exit.
+//! clear message and a non-zero exit; `run` refuses bad arguments before it starts, and waits for
+//! an API server that does not answer yet.
 
 mod common;
 
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 fn inspect(path: &std::path::Path, json: bool) -> Result<std::process::Output> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"));
@@ -238,6 +239,68 @@ fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> 
     assert!(
         envs + 1 >= flags,
         "{envs} of {flags} flags have an env variable:\n{help}"
+    );
+    Ok(())
+}
+
+/// An API server that does not answer at start: the host waits for it, retrying, and says so.
+#[test]
+fn an_unreachable_api_server_is_retried_with_a_clear_log_line() -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let dir = common::temp_dir("cli-unreachable")?;
+    // Port 1 on loopback: nothing listens there, so every connection is refused at once.
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+    )?;
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--plugins-dir")
+        .arg(&plugins)
+        .args(["--metrics-addr", "off"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let mut retries = 0;
+    while retries < 2 && std::time::Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            if line.contains("cannot reach the API server, retrying") {
+                retries += 1;
+            }
+            seen.push(line);
+        }
+    }
+    let still_running = child.try_wait()?.is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        retries >= 2,
+        "no retry log line within 20 s:\n{}",
+        seen.join("\n")
+    );
+    assert!(still_running, "the host gave up instead of waiting");
+    let line = seen
+        .iter()
+        .find(|l| l.contains("cannot reach"))
+        .context("the line")?;
+    assert!(
+        line.contains("127.0.0.1:1"),
+        "the line names the server: {line}"
     );
     Ok(())
 }

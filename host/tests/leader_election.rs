@@ -435,16 +435,19 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     // A change: for each plugin, exactly one process reconciles it, the Lease's holder.
     let before = counts(&[&first, &second], &PLUGINS).await?;
     annotated(&cms, "v1").await?;
-    let after = eventually(
+    eventually(
         "every plugin reconciled v1",
         Duration::from_secs(30),
         || async {
             let now = counts(&[&first, &second], &PLUGINS).await?;
             let all = (0..PLUGINS.len()).all(|p| (0..2).any(|h| now[h][p] > before[h][p]));
-            Ok(all.then_some(now))
+            Ok(all.then_some(()))
         },
     )
     .await?;
+    // A late duplicate from the other process would show a moment later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = counts(&[&first, &second], &PLUGINS).await?;
     for (p, plugin) in PLUGINS.iter().enumerate() {
         let moved: Vec<usize> = (0..2).filter(|h| after[*h][p] > before[*h][p]).collect();
         let holder = &balanced[p];
@@ -531,7 +534,8 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     let status = second.child.wait()?;
     println!("SIGTERM: all four plugins handed over in {handed:?}; the leaver exited {status}");
     assert!(status.success(), "exit status {status}");
-    assert!(handed <= Duration::from_secs(2), "{handed:?}");
+    // Two looks (0.5 s apart) and the leaver's own stop; a margin for a busy 2-core machine.
+    assert!(handed <= Duration::from_secs(3), "{handed:?}");
     let before = counts(&[&third], &PLUGINS).await?;
     annotated(&cms, "v3").await?;
     eventually(

@@ -179,6 +179,8 @@ async fn reloads_deployments(isolation: Option<&str>) -> Result<()> {
         || async { Ok((reconciles(&manager) > before).then_some(())) },
     )
     .await?;
+    // Let that reconcile (and anything it would cause) finish before looking.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let now = template_hash(&deployments.get("web").await?).context("hash gone")?;
     assert_eq!(now, second, "an unused ConfigMap changed the hash");
 

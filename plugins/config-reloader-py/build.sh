@@ -14,13 +14,13 @@ mkdir -p "$WCM_CACHE_DIR" "$WCM_PLUGIN_ARTIFACTS"
 venv="$WCM_CACHE_DIR/componentize-py-$(sha256sum "$here/requirements.txt" | cut -c1-16)"
 exec 9>"$venv.lock"
 flock 9
-if [ ! -x "$venv/bin/componentize-py" ]; then
+if [ ! -x "$venv/bin/componentize-py" ] || [ ! -f "$venv/.complete" ]; then
   echo "config-reloader: installing componentize-py into $venv" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+  touch "$venv/.complete"
 fi
-flock -u 9
 
 if [ "${1:-}" = test ]; then
   cd "$here"
@@ -28,7 +28,8 @@ if [ "${1:-}" = test ]; then
 fi
 
 out="$WCM_PLUGIN_ARTIFACTS/config_reloader.wasm"
-stamp=$(cat "$here"/app.py "$here"/reloader.py "$here/requirements.txt" "$root"/wit/*.wit | sha256sum | cut -c1-32)
+# The lock is held to the end: two builds never write the same output at once.
+stamp=$(cat "$here"/app.py "$here"/reloader.py "$here/requirements.txt" "$root"/wit/*.wit "$root"/wit/deps/*.wit | sha256sum | cut -c1-32)
 if [ -f "$out" ] && [ "$(cat "$out.stamp" 2>/dev/null)" = "$stamp" ]; then
   exit 0
 fi

@@ -51,7 +51,9 @@ pub fn artifact(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join("wasm32-wasip2/plugin");
+    let dir = std::env::var_os("WCM_PLUGIN_ARTIFACTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target.join("wasm32-wasip2/plugin"));
     [
         dir.join("examples").join(format!("{name}.wasm")),
         dir.join(format!("{name}.wasm")),

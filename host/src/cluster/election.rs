@@ -128,7 +128,10 @@ pub struct PluginLeases {
     /// The live elections, by plugin: the gates' handle, and the elector (released when the
     /// last gate goes, or all together at shutdown).
     leases: Mutex<HashMap<String, Weak<PluginLease>>>,
-    electors: Mutex<HashMap<String, Leadership>>,
+    electors: Mutex<HashMap<String, (u64, Leadership)>>,
+    /// Each election of a plugin on this replica gets a new generation (and identity), so the
+    /// release of a stopped one can never touch its successor's Lease or entries.
+    generations: std::sync::atomic::AtomicU64,
     member: Mutex<Option<(JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>>,
 }
 
@@ -142,8 +145,9 @@ struct Shares {
     plugins: Mutex<BTreeMap<String, Member>>,
 }
 
-/// A plugin in the shares: whether this replica holds its Lease, and its in-flight reconciles.
-type Member = (watch::Receiver<bool>, Arc<AtomicUsize>);
+/// A plugin in the shares: the generation of its election on this replica, whether this replica
+/// holds its Lease, and its in-flight reconciles.
+type Member = (u64, watch::Receiver<bool>, Arc<AtomicUsize>);
 
 impl Shares {
     /// How many plugin Leases this replica holds, how many it should, and which it holds.
@@ -153,7 +157,7 @@ impl Shares {
         let share = plugins.len().div_ceil(members);
         let held: Vec<String> = plugins
             .iter()
-            .filter(|(_, (holds, _))| *holds.borrow())
+            .filter(|(_, (_, holds, _))| *holds.borrow())
             .map(|(p, _)| p.clone())
             .collect();
         (held.len(), share, held)
@@ -186,7 +190,7 @@ impl LeasePolicy for Share {
             .unwrap_or_else(|p| p.into_inner());
         plugins
             .get(&self.plugin)
-            .is_some_and(|(_, n)| n.load(Ordering::Relaxed) > 0)
+            .is_some_and(|(_, _, n)| n.load(Ordering::SeqCst) > 0)
     }
 }
 
@@ -195,6 +199,7 @@ impl LeasePolicy for Share {
 /// [`PluginLeases::release_all`] releases every Lease once in-flight work is done.
 pub struct PluginLease {
     plugin: String,
+    generation: u64,
     owner: Weak<PluginLeases>,
     taking: watch::Receiver<bool>,
     holds: watch::Receiver<bool>,
@@ -210,17 +215,25 @@ impl Drop for PluginLease {
         if !*owner.open.borrow() {
             return;
         }
-        owner
-            .shares
-            .plugins
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.plugin);
-        let elector = owner
-            .electors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.plugin);
+        // Only this generation's entries: a successor may have joined already.
+        let mine = |g: u64| g == self.generation;
+        {
+            let mut plugins = owner
+                .shares
+                .plugins
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if plugins.get(&self.plugin).is_some_and(|m| mine(m.0)) {
+                plugins.remove(&self.plugin);
+            }
+        }
+        let elector = {
+            let mut electors = owner.electors.lock().unwrap_or_else(|p| p.into_inner());
+            match electors.get(&self.plugin) {
+                Some((g, _)) if mine(*g) => electors.remove(&self.plugin).map(|(_, l)| l),
+                _ => None,
+            }
+        };
         if let (Some(l), Ok(rt)) = (elector, tokio::runtime::Handle::try_current()) {
             rt.spawn(l.release());
         }
@@ -257,6 +270,7 @@ impl PluginLeases {
             shares,
             leases: Mutex::default(),
             electors: Mutex::default(),
+            generations: std::sync::atomic::AtomicU64::new(0),
             member: Mutex::new(Some((task, stop))),
         }))
     }
@@ -287,8 +301,10 @@ impl PluginLeases {
     }
 
     fn join(self: &Arc<Self>, plugin: &str) -> PluginLease {
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let settings = LeaderSettings {
             lease_name: format!("{}-plugin-{plugin}", self.settings.lease_name),
+            identity: format!("{}-{generation}", self.settings.identity),
             ..self.settings.clone()
         };
         let in_flight = Arc::new(AtomicUsize::new(0));
@@ -318,20 +334,24 @@ impl PluginLeases {
             .plugins
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(plugin.to_string(), (holds.clone(), in_flight.clone()));
+            .insert(
+                plugin.to_string(),
+                (generation, holds.clone(), in_flight.clone()),
+            );
         if let Some(l) = leadership {
             // A previous elector of this plugin (its gates just went) is replaced, not leaked.
             let old = self
                 .electors
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(plugin.to_string(), l);
-            if let Some(old) = old {
+                .insert(plugin.to_string(), (generation, l));
+            if let Some((_, old)) = old {
                 tokio::spawn(old.release());
             }
         }
         PluginLease {
             plugin: plugin.to_string(),
+            generation,
             owner: Arc::downgrade(self),
             taking,
             holds,
@@ -348,7 +368,7 @@ impl PluginLeases {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain()
-            .map(|(_, l)| l)
+            .map(|(_, (_, l))| l)
             .collect();
         let releases: Vec<_> = electors.into_iter().map(Leadership::release).collect();
         futures::future::join_all(releases).await;

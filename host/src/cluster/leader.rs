@@ -332,9 +332,11 @@ impl Elector {
                 let since = *self.shedding.get_or_insert_with(Instant::now);
                 self.set_leading(*self.leading.borrow());
                 if !p.busy() || since.elapsed() >= self.settings.renew_deadline / 2 {
-                    self.release().await;
-                    self.shedding = None;
+                    // Writes stop before the Lease is free for a peer.
                     self.renewed = None;
+                    self.set_leading(false);
+                    self.shedding = None;
+                    self.release().await;
                     return;
                 }
             }

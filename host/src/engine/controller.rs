@@ -505,14 +505,14 @@ struct InFlight(Arc<AtomicUsize>);
 
 impl InFlight {
     fn enter(n: &Arc<AtomicUsize>) -> InFlight {
-        n.fetch_add(1, Ordering::Relaxed);
+        n.fetch_add(1, Ordering::SeqCst);
         InFlight(n.clone())
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
