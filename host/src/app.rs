@@ -235,7 +235,8 @@ impl Manager {
         };
         let (health_task, health_addr) = match cfg.health_addr {
             Some(addr) => {
-                let (task, bound) = crate::serving::serve_health(addr, plugins.clone()).await?;
+                let (task, bound) =
+                    crate::serving::serve_health(addr, metrics.clone(), plugins.clone()).await?;
                 (Some(task), Some(bound))
             }
             None => (None, None),

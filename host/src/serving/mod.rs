@@ -26,13 +26,11 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     plugins: Arc<PluginManager>,
 ) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
-    let app = Router::new()
+    let app = health_routes()
         .route(
             "/metrics",
             get(|State(s): State<HttpState>| async move { s.metrics.encode() }),
         )
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
         .route("/plugins", get(plugins_status))
         .route(
             "/debug/controllers",
@@ -44,39 +42,48 @@ pub async fn serve(
             }),
         )
         .with_state(HttpState { metrics, plugins });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listen on {addr} (--metrics-addr)"))?;
-    let bound = listener.local_addr()?;
-    tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /plugins, /debug/controllers");
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("metrics server ended: {e}");
-        }
-    });
-    Ok((task, bound))
+    listen(
+        addr,
+        app,
+        "--metrics-addr",
+        "/metrics, /healthz, /readyz, /plugins, /debug/controllers",
+    )
+    .await
 }
 
 /// `--health-addr`: /healthz and /readyz alone, for the kubelet's probes.
 pub async fn serve_health(
     addr: SocketAddr,
+    metrics: Arc<Metrics>,
     plugins: Arc<PluginManager>,
 ) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
-    let app = Router::new()
+    let app = health_routes().with_state(HttpState { metrics, plugins });
+    listen(addr, app, "--health-addr", "/healthz, /readyz").await
+}
+
+/// The probes' routes, served on both addresses.
+fn health_routes() -> Router<HttpState> {
+    Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(HttpState {
-            metrics: crate::metrics::Metrics::new(),
-            plugins,
-        });
+}
+
+/// Binds `addr` (named by `flag` in errors) and serves `app` on it until the task is aborted.
+async fn listen(
+    addr: SocketAddr,
+    app: Router,
+    flag: &str,
+    what: &str,
+) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("listen on {addr} (--health-addr)"))?;
+        .with_context(|| format!("listen on {addr} ({flag})"))?;
     let bound = listener.local_addr()?;
-    tracing::info!(%bound, "serving /healthz, /readyz");
+    tracing::info!(%bound, "serving {what}");
+    let flag = flag.to_string();
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("health server ended: {e}");
+            tracing::error!("the server of {flag} ended: {e}");
         }
     });
     Ok((task, bound))
