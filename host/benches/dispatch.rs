@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use wasm_controller_manager::cluster::services::Services;
 use wasm_controller_manager::contract::{ObjectKey, Request};
-use wasm_controller_manager::sandbox::{Limits, Runtime, RuntimeSettings};
+use wasm_controller_manager::sandbox::{Limits, MemoryReset, Runtime, RuntimeSettings};
 
 const POD: &str = include_str!("fixtures/pod.json");
 
@@ -78,9 +78,14 @@ fn main() {
                 .ok()
                 .and_then(|s| s.parse::<usize>().ok())
                 .map_or(RuntimeSettings::default().keep_resident, |k| k << 10),
+            memory_reset: match std::env::var("BENCH_MEMORY_RESET").as_deref() {
+                Ok("memset") => MemoryReset::Memset,
+                _ => MemoryReset::Auto,
+            },
         })
         .expect("engine"),
     );
+    println!("memory reset: {}", runtime.memory_reset());
     let typed = std::fs::read(artifact("typed-pod-noop")).expect("read typed-pod-noop");
     let compiled = runtime.compile(&typed).expect("compile");
     let services = Arc::new(Services::for_describe("bench", BTreeMap::new()));

@@ -19,7 +19,7 @@ use crate::engine::rate_limit::{RateLimits, TokenBucket};
 use crate::loading::plugins::{DirSettings, PluginManager};
 use crate::loading::settings::ControllerSelection;
 use crate::metrics::Metrics;
-use crate::sandbox::{Limits, Runtime, RuntimeSettings};
+use crate::sandbox::{Limits, MemoryReset, Runtime, RuntimeSettings};
 
 /// Everything `run` needs, as parsed from the command line.
 #[derive(Debug, Clone)]
@@ -60,6 +60,8 @@ pub struct RunConfig {
     pub leader_mode: LeaderMode,
     /// How long in-flight reconciles may take at shutdown.
     pub shutdown_grace: Duration,
+    /// How pooled linear memories are reset between instances.
+    pub memory_reset: MemoryReset,
 }
 
 /// A running manager (for tests and `run`).
@@ -123,8 +125,10 @@ impl Manager {
             compile_cache: cfg.compile_cache.clone(),
             max_instances: cfg.max_instances,
             max_memory: cfg.limits.memory.max(256 << 20),
+            memory_reset: cfg.memory_reset,
             ..RuntimeSettings::default()
         })?);
+        tracing::info!("instance memory is reset by {}", runtime.memory_reset());
         let informers = Arc::new(Informers::new(client.clone(), metrics.clone()));
         let api = ApiAccess::new(
             client.clone(),

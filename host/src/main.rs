@@ -11,7 +11,7 @@ use wasm_controller_manager::cluster::leader::LeaderSettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::loading::settings::ControllerSelection;
-use wasm_controller_manager::sandbox::Limits;
+use wasm_controller_manager::sandbox::{Limits, MemoryReset};
 
 /// A Kubernetes controller manager whose reconcilers are sandboxed WebAssembly components.
 #[derive(Parser)]
@@ -248,6 +248,11 @@ struct RunArgs {
     /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
     #[arg(long, env = "WCM_MAX_WORKERS_PER_PLUGIN", default_value_t = 16)]
     max_workers_per_plugin: u32,
+    /// How an instance's linear memory is reset for the next one: "auto" resets only the pages it
+    /// wrote (Linux ≥ 6.7, and only where no page can be swapped out, else as "memset");
+    /// "memset" writes back the first 2 MiB whole.
+    #[arg(long, env = "WCM_MEMORY_RESET", value_enum, default_value_t = MemoryReset::Auto)]
+    memory_reset: MemoryReset,
     /// Most instances of one plugin alive at once, warm ones included (NAME.toml: max_instances).
     #[arg(long, env = "WCM_MAX_INSTANCES_PER_PLUGIN", default_value_t = 16)]
     max_instances_per_plugin: u32,
@@ -424,6 +429,7 @@ impl RunArgs {
         let controllers = ControllerSelection::parse(&self.controllers)
             .map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
         Ok(RunConfig {
+            memory_reset: self.memory_reset,
             controllers,
             leader_election,
             leader_mode,

@@ -193,5 +193,6 @@ pub fn bench_config(dir: &Path) -> RunConfig {
         controllers: Default::default(),
         shutdown_grace: Duration::from_secs(10),
         rate_limits: RateLimits::default(),
+        memory_reset: Default::default(),
     }
 }

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use serde_json::Value;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 use crate::selector::Selector;
 
@@ -59,11 +60,79 @@ pub struct CachedObject {
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// An object as decoded from the API server: its metadata as a tree (the host reads and strips
+/// it), every other top-level field as the JSON text it came as. Building no tree for `spec` and
+/// `status` is most of the saving over decoding the whole object.
+#[derive(Debug, Default)]
+pub struct ObjectParts {
+    pub metadata: Option<Map<String, Value>>,
+    /// Every top-level field in the order it came; `None` stands in the place of `metadata`.
+    pub fields: Vec<(String, Option<Box<RawValue>>)>,
+}
+
+impl<'de> serde::Deserialize<'de> for ObjectParts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ObjectParts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ObjectParts, A::Error> {
+                let mut parts = ObjectParts::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "metadata" && parts.metadata.is_none() {
+                        // Anything but an object here makes the whole object unusable (None
+                        // below), as a bookmark without metadata is.
+                        parts.metadata = match map.next_value::<Value>()? {
+                            Value::Object(m) => Some(m),
+                            _ => None,
+                        };
+                        parts.fields.push((key, None));
+                    } else {
+                        let raw = map.next_value::<Box<RawValue>>()?;
+                        parts.fields.push((key, Some(raw)));
+                    }
+                }
+                Ok(parts)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
 impl CachedObject {
+    /// Builds the cached form of an object given as a tree (tests, and callers that have one).
+    pub fn from_value(v: Value) -> Option<CachedObject> {
+        let Value::Object(map) = v else { return None };
+        let mut parts = ObjectParts::default();
+        for (key, value) in map {
+            if key == "metadata" {
+                let Value::Object(m) = value else { return None };
+                parts.metadata = Some(m);
+                parts.fields.push((key, None));
+            } else {
+                let raw = serde_json::value::to_raw_value(&value).ok()?;
+                parts.fields.push((key, Some(raw)));
+            }
+        }
+        CachedObject::from_parts(parts)
+    }
+
     /// Builds the cached form of an object as the API server sent it. `None` for something that
     /// is not an object with a name (e.g. a watch bookmark).
-    pub fn from_value(mut v: Value) -> Option<CachedObject> {
-        let meta = v.get_mut("metadata")?.as_object_mut()?;
+    pub fn from_parts(parts: ObjectParts) -> Option<CachedObject> {
+        let ObjectParts {
+            metadata: Some(mut meta_map),
+            fields,
+        } = parts
+        else {
+            return None;
+        };
+        let meta = &mut meta_map;
         meta.remove("managedFields");
         if let Some(Value::Object(ann)) = meta.get_mut("annotations") {
             ann.remove(LAST_APPLIED);
@@ -103,7 +172,7 @@ impl CachedObject {
                 .collect(),
             _ => Vec::new(),
         };
-        let json: Arc<str> = serde_json::to_string(&v).ok()?.into();
+        let json: Arc<str> = object_text(&meta_map, &fields)?.into();
         Some(CachedObject {
             key,
             uid,
@@ -118,6 +187,30 @@ impl CachedObject {
     pub fn controller(&self) -> Option<&Owner> {
         self.owners.iter().find(|o| o.controller)
     }
+}
+
+/// The object's JSON text: each top-level field as it came, the stripped metadata in its place.
+fn object_text(
+    meta: &Map<String, Value>,
+    fields: &[(String, Option<Box<RawValue>>)],
+) -> Option<String> {
+    let meta = serde_json::to_string(meta).ok()?;
+    let size = fields
+        .iter()
+        .map(|(k, v)| k.len() + 4 + v.as_ref().map_or(meta.len(), |r| r.get().len()))
+        .sum::<usize>();
+    let mut out = String::with_capacity(size + 2);
+    out.push('{');
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(key).ok()?);
+        out.push(':');
+        out.push_str(value.as_ref().map_or(meta.as_str(), |r| r.get()));
+    }
+    out.push('}');
+    Some(out)
 }
 
 #[derive(Default)]
@@ -270,6 +363,34 @@ mod tests {
         assert!(v["metadata"]["annotations"].get(LAST_APPLIED).is_none());
         assert_eq!(v["metadata"]["annotations"]["keep"], "me");
         assert_eq!(o.labels.get("app").map(String::as_str), Some("web"));
+    }
+
+    #[test]
+    fn decoded_text_keeps_every_field_but_managed_fields_and_last_applied() {
+        let text = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"a","uid":"u1","resourceVersion":"7","managedFields":[{"manager":"kubectl"}],"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}"}},"spec":{"containers":[{"name":"c","image":"x:1"}],"nodeName":"n\u00e9"},"status":{"phase":"Pending"}}"#;
+        let parts: ObjectParts = serde_json::from_str(text).expect("decode");
+        let o = CachedObject::from_parts(parts).expect("object");
+        let got: Value = serde_json::from_str(&o.json).expect("json");
+        let mut want: Value = serde_json::from_str(text).expect("json");
+        let meta = want["metadata"].as_object_mut().expect("metadata");
+        meta.remove("managedFields");
+        meta.remove("annotations");
+        assert_eq!(got, want);
+        assert_eq!((o.key.to_string(), o.uid.as_str()), ("a/p".into(), "u1"));
+        assert_eq!(o.resource_version, "7");
+        // spec and status are the API server's own text.
+        assert!(o.json.contains(
+            r#""spec":{"containers":[{"name":"c","image":"x:1"}],"nodeName":"n\u00e9"}"#
+        ));
+    }
+
+    #[test]
+    fn an_object_without_metadata_is_not_cached() {
+        let parts: ObjectParts =
+            serde_json::from_str(r#"{"kind":"Pod","metadata":"x","spec":{}}"#).expect("decode");
+        assert!(CachedObject::from_parts(parts).is_none());
+        let parts: ObjectParts = serde_json::from_str(r#"{"kind":"Pod"}"#).expect("decode");
+        assert!(CachedObject::from_parts(parts).is_none());
     }
 
     #[test]

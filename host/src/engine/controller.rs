@@ -572,6 +572,9 @@ impl Worker {
     }
 
     async fn process(&self, key: &Key, warm: &mut (Option<Warm>, u64)) {
+        // Off unless asked for (`--log …engine::controller=debug`); the compare benchmark times
+        // watch delivery → reconcile start from it.
+        tracing::debug!(plugin = %self.name, %key, "reconcile started");
         let object = self.store.get(key);
         let req = Request {
             key: ObjectKey {

@@ -18,7 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::engine::cache::{CachedObject, Key, ObjectStore};
+use crate::engine::cache::{CachedObject, Key, ObjectParts, ObjectStore};
 use crate::engine::subscription::{self, Sender, Subscription};
 
 /// What selects the objects of one informer.
@@ -347,17 +347,19 @@ impl<const META: bool> From<Raw<META>> for Option<Arc<CachedObject>> {
 
 impl<'de, const META: bool> serde::Deserialize<'de> for Raw<META> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = serde_json::Value::deserialize(d)?;
+        let parts = ObjectParts::deserialize(d)?;
         // The watcher needs the resource version of every object (bookmarks included).
-        let rv = v
-            .pointer("/metadata/resourceVersion")
+        let rv = parts
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get("resourceVersion"))
             .and_then(|r| r.as_str())
             .map(str::to_string);
         let meta = ObjectMeta {
             resource_version: rv,
             ..Default::default()
         };
-        let cached = CachedObject::from_value(v).map(Arc::new);
+        let cached = CachedObject::from_parts(parts).map(Arc::new);
         let meta = match &cached {
             Some(c) => ObjectMeta {
                 name: Some(c.key.name.clone()),

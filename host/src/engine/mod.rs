@@ -11,4 +11,5 @@ pub mod controller;
 pub mod informer;
 pub mod queue;
 pub mod rate_limit;
+pub mod shrink;
 pub mod subscription;

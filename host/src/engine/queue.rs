@@ -7,6 +7,8 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+
+use super::shrink::ShrinkWhenSparse;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -172,6 +174,9 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
                     if let Some(at) = s.added_at.remove(&key) {
                         self.observer.queued_for(at.elapsed());
                     }
+                    s.queue.shrink_when_sparse();
+                    s.dirty.shrink_when_sparse();
+                    s.added_at.shrink_when_sparse();
                     self.observer.depth(s.queue.len());
                     let more = !s.queue.is_empty();
                     drop(s);
@@ -194,6 +199,7 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
+        s.processing.shrink_when_sparse();
         if s.dirty.contains(key) {
             s.queue.push_back(key.clone());
             s.added_at.insert(key.clone(), Instant::now());
@@ -290,6 +296,8 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> DelayMover<K> {
                         self.observer.added();
                     }
                 }
+                s.heap.shrink_when_sparse();
+                s.waiting.shrink_when_sparse();
                 if moved {
                     self.observer.depth(s.queue.len());
                     self.ready.notify_one();

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::shrink::ShrinkWhenSparse;
+
 /// Settings of [`RateLimiter`]. Defaults are client-go's: 5 ms doubling up to 1000 s per key,
 /// and 10 retries per second with a burst of 100 overall.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -130,10 +132,10 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
     }
 
     pub fn forget(&self, key: &K) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        if f.remove(key).is_some() {
+            f.shrink_when_sparse();
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 
 use crate::engine::cache::Key;
 use crate::engine::informer::Change;
+use crate::engine::shrink::ShrinkWhenSparse;
 
 #[derive(Default)]
 struct Mailbox {
@@ -117,6 +118,8 @@ impl Subscription {
                 let mut m = self.inner.mailbox.lock().unwrap_or_else(|p| p.into_inner());
                 while let Some(key) = m.order.pop_front() {
                     if let Some(change) = m.waiting.remove(&key) {
+                        m.order.shrink_when_sparse();
+                        m.waiting.shrink_when_sparse();
                         return Some(change);
                     }
                 }

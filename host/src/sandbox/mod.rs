@@ -11,14 +11,17 @@ mod guest_clock;
 mod host_calls;
 pub mod http;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
+use wasmtime::{
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
+};
 
 use crate::contract::{self as bindings, Action, Description, ReconcileError, Request};
 pub use call_ctx::{CallCtx, Limits};
@@ -38,9 +41,70 @@ pub struct RuntimeSettings {
     pub max_instances: u32,
     /// The largest linear memory any plugin may be given.
     pub max_memory: usize,
-    /// Bytes of each pooled linear memory kept resident (reset with memset, not madvise) between
+    /// Bytes of each pooled linear memory kept resident (reset in place, not madvise) between
     /// instances: a fresh instance then starts on warm pages instead of page-faulting its heap.
     pub keep_resident: usize,
+    /// How a pooled memory is put back to its initial contents after an instance.
+    pub memory_reset: MemoryReset,
+}
+
+/// How the kept-resident part of a linear memory is reset between instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MemoryReset {
+    /// Only the pages the instance wrote (Linux's PAGEMAP_SCAN), when the kernel has it (≥ 6.7)
+    /// and no page of this process can be swapped out; otherwise `memset`.
+    #[default]
+    Auto,
+    /// The first `keep_resident` bytes, written back whole whether the instance touched them or not.
+    Memset,
+}
+
+impl MemoryReset {
+    /// Whether written pages are found by scanning, with the reason when they are not.
+    ///
+    /// A written page that the kernel swapped out is not "present", so the scan would miss it and
+    /// the next instance would read the previous one's data: the scan is used only where no page
+    /// can be swapped (no swap device, or a cgroup with `memory.swap.max` 0, as a Guaranteed Pod
+    /// gets under Kubernetes' LimitedSwap).
+    pub fn resolve(self) -> Result<(), String> {
+        if self == MemoryReset::Memset {
+            return Err("--memory-reset=memset".into());
+        }
+        if !kernel_has_pagemap_scan() {
+            return Err("the kernel predates PAGEMAP_SCAN (Linux 6.7)".into());
+        }
+        if swap_may_be_used() {
+            return Err("swap is on and this process's cgroup may use it".into());
+        }
+        Ok(())
+    }
+}
+
+fn kernel_has_pagemap_scan() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
+    matches!((major, minor), (Some(a), Some(b)) if (a, b) >= (6, 7))
+}
+
+/// True unless it is known that no page of this process can be swapped out. Unreadable files
+/// count as "may swap".
+fn swap_may_be_used() -> bool {
+    let Ok(swaps) = std::fs::read_to_string("/proc/swaps") else {
+        return true;
+    };
+    // The first line is the header.
+    if swaps.lines().skip(1).all(|l| l.trim().is_empty()) {
+        return false;
+    }
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    // cgroup v2: "0::/path".
+    let Some(path) = cgroup.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return true;
+    };
+    let max = std::fs::read_to_string(format!("/sys/fs/cgroup{}/memory.swap.max", path.trim()));
+    max.map_or(true, |m| m.trim() != "0")
 }
 
 impl Default for RuntimeSettings {
@@ -50,6 +114,7 @@ impl Default for RuntimeSettings {
             max_instances: 128,
             max_memory: 256 << 20,
             keep_resident: 2 << 20,
+            memory_reset: MemoryReset::Auto,
         }
     }
 }
@@ -59,18 +124,41 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<CallCtx>,
     settings: RuntimeSettings,
-    ticker_stop: Arc<AtomicBool>,
+    ticker: Arc<Ticker>,
+    /// Whether pooled memories are reset by scanning for written pages (else: memset).
+    pagemap_reset: Result<(), String>,
+    /// Every linked component still in use, by digest: files with the same bytes share one copy
+    /// of the code and one template (and so the same warm pool slots).
+    linked: Mutex<HashMap<String, Weak<Linked>>>,
+}
+
+/// A component and its pre-linked instance template. Immutable: each call still gets its own
+/// store and instance.
+struct Linked {
+    pre: bindings::PluginPre<CallCtx>,
+    component: Component,
 }
 
 /// A compiled plugin, ready to instantiate.
 pub struct Compiled {
-    pre: bindings::PluginPre<CallCtx>,
+    linked: Arc<Linked>,
     pub sha256: String,
     pub size: usize,
     /// Time to compile, or to load the precompiled artifact.
     pub load_time: Duration,
     pub from_cache: bool,
-    pub component: Component,
+    /// Another loaded file had the same bytes, and its code is shared.
+    pub shared: bool,
+}
+
+impl Compiled {
+    pub fn component(&self) -> &Component {
+        &self.linked.component
+    }
+
+    fn pre(&self) -> &bindings::PluginPre<CallCtx> {
+        &self.linked.pre
+    }
 }
 
 /// Why a call into a plugin failed (as opposed to the plugin returning an error).
@@ -107,6 +195,12 @@ impl Runtime {
             .max_memory_size(settings.max_memory)
             .linear_memory_keep_resident(settings.keep_resident)
             .table_keep_resident(64 << 10);
+        let pagemap_reset = settings.memory_reset.resolve();
+        if pagemap_reset.is_ok() {
+            // Resets only what an instance wrote: less work per call, and a slot keeps resident
+            // only the pages its instances touch.
+            pool.pagemap_scan(Enabled::Auto);
+        }
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine =
             Engine::new(&config).map_err(|e| anyhow::anyhow!("create the wasm engine: {e:#}"))?;
@@ -122,23 +216,23 @@ impl Runtime {
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("link host functions: {e:#}"))?;
 
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (e, stop) = (engine.clone(), ticker_stop.clone());
-        std::thread::Builder::new()
-            .name("wasm-epoch".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    e.increment_epoch();
-                }
-            })
-            .context("start the epoch thread")?;
+        let ticker = Ticker::start(engine.clone())?;
         Ok(Runtime {
             engine,
             linker,
             settings,
-            ticker_stop,
+            ticker,
+            pagemap_reset,
+            linked: Mutex::default(),
         })
+    }
+
+    /// How pooled memories are reset between instances, for the start-up log.
+    pub fn memory_reset(&self) -> String {
+        match &self.pagemap_reset {
+            Ok(()) => "written pages only (PAGEMAP_SCAN)".into(),
+            Err(why) => format!("memset of the kept-resident bytes ({why})"),
+        }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -154,6 +248,16 @@ impl Runtime {
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
         let sha256 = compile_cache::sha256_hex(wasm);
+        if let Some(linked) = self.shared(&sha256) {
+            return Ok(Compiled {
+                linked,
+                sha256,
+                size: wasm.len(),
+                load_time: started.elapsed(),
+                from_cache: true,
+                shared: true,
+            });
+        }
         let (component, from_cache) = compile_cache::load_or_compile(
             &self.engine,
             self.settings.compile_cache.as_deref(),
@@ -168,14 +272,24 @@ impl Runtime {
                 "not a plugin of world wcm:reconciler/plugin@0.1.0 (missing export?): {e:#}"
             )
         })?;
+        let linked = Arc::new(Linked { pre, component });
+        if let Ok(mut map) = self.linked.lock() {
+            map.retain(|_, w| w.strong_count() > 0);
+            map.insert(sha256.clone(), Arc::downgrade(&linked));
+        }
         Ok(Compiled {
-            pre,
+            linked,
             sha256,
             size: wasm.len(),
             load_time: started.elapsed(),
             from_cache,
-            component,
+            shared: false,
         })
+    }
+
+    /// The linked component of a file with these bytes that is still loaded.
+    fn shared(&self, sha256: &str) -> Option<Arc<Linked>> {
+        self.linked.lock().ok()?.get(sha256)?.upgrade()
     }
 
     /// Calls `describe` in a fresh instance.
@@ -219,9 +333,10 @@ impl Runtime {
         limits: &Limits,
     ) -> Result<Duration, CallError> {
         let mut store = self.new_store(services, limits);
+        let _running = self.ticker.running();
         let started = Instant::now();
         compiled
-            .pre
+            .pre()
             .instantiate_async(&mut store)
             .await
             .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
@@ -271,11 +386,12 @@ impl Runtime {
         }
         let wall = limits.wall_timeout;
         let clock = store.data().clock.clone();
+        let running = self.ticker.running();
         let result = tokio::time::timeout(
             wall,
             clock.meter(async {
                 let plugin = compiled
-                    .pre
+                    .pre()
                     .instantiate_async(&mut store)
                     .await
                     .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
@@ -286,6 +402,7 @@ impl Runtime {
         )
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
+        drop(running);
 
         // The whole run counts, its part after the last tick too: most calls end before any tick.
         services.budgets.charge_cpu(store.data().guest_time());
@@ -315,11 +432,13 @@ impl Runtime {
                 }
                 // Metered and timed like a call: a start function that spins meets the deadline.
                 let clock = store.data().clock.clone();
+                let running = self.ticker.running();
                 let made = tokio::time::timeout(
                     limits.wall_timeout,
-                    clock.meter(compiled.pre.instantiate_async(&mut store)),
+                    clock.meter(compiled.pre().instantiate_async(&mut store)),
                 )
                 .await;
+                drop(running);
                 let plugin = match made {
                     Ok(Ok(p)) => p,
                     Ok(Err(e)) => {
@@ -345,6 +464,7 @@ impl Runtime {
         warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
         let clock = warm.store.data().clock.clone();
+        let running = self.ticker.running();
         let result = tokio::time::timeout(
             wall,
             clock.meter(async {
@@ -357,6 +477,7 @@ impl Runtime {
         )
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
+        drop(running);
         services.budgets.charge_cpu(warm.store.data().guest_time());
         let result = finish(&mut warm.store, &plugin_name, result);
         warm.calls += 1;
@@ -372,7 +493,62 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
+        self.ticker.stop.store(true, Ordering::Relaxed);
+        self.ticker.thread.unpark();
+    }
+}
+
+/// The thread that moves the epoch on every tick, but only while some guest may be running: an
+/// idle host does not wake 200 times a second.
+struct Ticker {
+    /// Calls in progress (instantiation included).
+    running: AtomicUsize,
+    stop: AtomicBool,
+    thread: std::thread::Thread,
+}
+
+impl Ticker {
+    fn start(engine: Engine) -> Result<Arc<Ticker>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<Ticker>>();
+        let handle = std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                let Ok(t) = rx.recv() else { return };
+                while !t.stop.load(Ordering::Relaxed) {
+                    if t.running.load(Ordering::Acquire) == 0 {
+                        // An unpark between the load and here is kept as a token: no call is missed.
+                        std::thread::park();
+                        continue;
+                    }
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .context("start the epoch thread")?;
+        let ticker = Arc::new(Ticker {
+            running: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            thread: handle.thread().clone(),
+        });
+        tx.send(ticker.clone())
+            .map_err(|_| anyhow::anyhow!("the epoch thread ended at start"))?;
+        Ok(ticker)
+    }
+
+    /// Marks a call as running until the guard is dropped; wakes the thread for the first one.
+    fn running(&self) -> Running<'_> {
+        if self.running.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.thread.unpark();
+        }
+        Running(self)
+    }
+}
+
+struct Running<'a>(&'a Ticker);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

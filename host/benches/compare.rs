@@ -1,0 +1,632 @@
+//! The host next to a native kube-runtime controller, each in its own process, against the real
+//! test cluster (testenv), in one run:
+//! 1. CPU per event: 2,000 Pods created while, side by side, the host (`wasm-controller-manager run`
+//!    with the `noop` plugin, fresh instance per call), a second host with `noop` under
+//!    `isolation = "worker"`, and a native kube-runtime `Controller` with a no-op reconcile (this
+//!    binary, re-executed with `--native-baseline`) watch every Pod. Each process's utime+stime over
+//!    the burst, divided by 2,000; RSS after.
+//! 2. Memory: a host with 100 copies of `noop` (one shared watch), RSS idle (no Pods) and with the
+//!    2,000 Pods cached and reconciled; a host with one copy, idle, for the per-plugin share.
+//! 3. Latency at 1,000 events/s: 10 copies of `noop`, 100 Pods created per second for 10 s. Each
+//!    latency runs from the moment this process's own watch of the API server delivers a Pod to
+//!    the moment the host starts that Pod's reconcile in a plugin (the host's debug log line,
+//!    timestamped in microseconds on the same clock).
+//!
+//! Run: `scripts/bench-compare` (builds the plugins, then
+//! `cargo bench -p wasm-controller-manager --bench compare`; about 5 minutes; prints a report).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{artifact, granted};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::json;
+
+const PODS: usize = 2000;
+const CONCURRENCY: usize = 32;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--native-baseline") {
+        let kubeconfig = args.get(i + 1).expect("--native-baseline KUBECONFIG");
+        native_baseline(Path::new(kubeconfig));
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+/// The native baseline: a kube-runtime `Controller` over every Pod with a no-op reconcile, on a
+/// runtime like the host's (one thread per core). Prints its reconcile count as it grows.
+fn native_baseline(kubeconfig: &Path) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("config");
+        let client = kube::Client::try_from(config).expect("client");
+        let count = Arc::new(AtomicUsize::new(0));
+        let printer = tokio::spawn({
+            let count = count.clone();
+            async move {
+                let mut last = usize::MAX;
+                loop {
+                    let n = count.load(Ordering::Relaxed);
+                    if n != last {
+                        println!("reconciled {n}");
+                        last = n;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        Controller::new(Api::<Pod>::all(client), watcher::Config::default())
+            .run(
+                |_pod: Arc<Pod>, ctx: Arc<AtomicUsize>| async move {
+                    ctx.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, kube::Error>(Action::await_change())
+                },
+                |_pod, _err, _ctx| Action::requeue(Duration::from_secs(1)),
+                count,
+            )
+            .for_each(|_| async {})
+            .await;
+        printer.abort();
+    });
+}
+
+/// utime+stime of a process, seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Resident memory of a process, MiB.
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// A running `wasm-controller-manager run`, its /metrics address and its log file.
+struct Host {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl Host {
+    /// Starts the host binary on `dir` with the CLI's defaults, logging warnings only.
+    fn start(env: &testenv::TestEnv, dir: &Path, tag: &str) -> Host {
+        Host::start_logging(env, dir, tag, "warn")
+    }
+
+    /// Starts it with a log filter of its own.
+    fn start_logging(env: &testenv::TestEnv, dir: &Path, tag: &str, filter: &str) -> Host {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = std::env::temp_dir().join(format!(
+            "wcm-bench-compare-{}-{tag}.log",
+            std::process::id()
+        ));
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(host_binary())
+            .arg("--log")
+            .arg(filter)
+            .arg("--log-format")
+            .arg("json")
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path().expect("kubeconfig"))
+            .arg("--plugins-dir")
+            .arg(dir)
+            .arg("--compile-cache")
+            .arg(std::env::temp_dir().join(common::COMPILE_CACHE))
+            .arg("--metrics-addr")
+            .arg(&addr)
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out)
+            .spawn()
+            .expect("start the host binary");
+        Host { child, addr, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn metrics(&self) -> String {
+        http_get(&self.addr, "/metrics").unwrap_or_default()
+    }
+
+    fn reconciles(&self) -> f64 {
+        testenv::sum_metric(&self.metrics(), "controller_runtime_reconcile_total", &[])
+    }
+
+    fn running_plugins(&self) -> usize {
+        http_get(&self.addr, "/plugins")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split('\t').nth(1) == Some("running"))
+            .count()
+    }
+
+    fn stop(mut self) {
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The native baseline in its own process, and its latest reconcile count.
+struct Native {
+    child: Child,
+    count: Arc<AtomicUsize>,
+}
+
+impl Native {
+    fn start(env: &testenv::TestEnv) -> Native {
+        let mut child = Command::new(std::env::current_exe().expect("this binary"))
+            .arg("--native-baseline")
+            .arg(env.kubeconfig_path().expect("kubeconfig"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the native baseline");
+        let count = Arc::new(AtomicUsize::new(0));
+        let stdout = child.stdout.take().expect("stdout");
+        let c = count.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(n) = line.strip_prefix("reconciled ") {
+                    c.store(n.parse().unwrap_or(0), Ordering::Relaxed);
+                }
+            }
+        });
+        Native { child, count }
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The host binary: this build's, or another (`WCM_BENCH_HOST_BIN`, e.g. an earlier commit's
+/// release build) for a before/after comparison in the same run conditions.
+fn host_binary() -> PathBuf {
+    std::env::var_os("WCM_BENCH_HOST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_wasm-controller-manager")))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body.split_once("\r\n\r\n")?.1.to_string())
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "bench", "tier": "load"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/bench:1",
+            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    }))
+    .expect("static pod")
+}
+
+/// Creates `n` pods with `concurrency` requests in flight.
+async fn create_pods(client: &kube::Client, ns: &str, n: usize, concurrency: usize) -> Duration {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move { create_one(&api, &format!("p-{i}")).await }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    start.elapsed()
+}
+
+async fn create_one(api: &Api<Pod>, name: &str) {
+    for attempt in 0..5 {
+        match api.create(&PostParams::default(), &pod(name)).await {
+            Ok(_) => return,
+            Err(e) if attempt < 4 => {
+                eprintln!("create {name}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("create {name}: {e}"),
+        }
+    }
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+/// A plugins directory with `n` copies of `noop` (each renamed in its NAME.toml, so each is a
+/// plugin of its own), with `extra` lines in every NAME.toml; granted their RBAC.
+async fn noop_dir(env: &testenv::TestEnv, tag: &str, n: usize, extra: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wcm-bench-compare-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let noop = artifact("noop");
+    for i in 0..n {
+        let name = if n == 1 {
+            tag.to_string()
+        } else {
+            format!("{tag}-{i:03}")
+        };
+        std::fs::copy(&noop, dir.join(format!("{name}.wasm"))).expect("copy noop");
+        std::fs::write(
+            dir.join(format!("{name}.toml")),
+            format!("name = \"{name}\"\n{extra}"),
+        )
+        .expect("NAME.toml");
+    }
+    granted(env, &dir).await;
+    dir
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 UTC timestamp as tracing writes it
+/// (`2026-11-24T01:30:09.123456Z`).
+fn parse_utc(ts: &str) -> Option<f64> {
+    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    let s = t.next()?.parse::<f64>().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// When each reconcile of a Pod in `ns` started, per plugin, from the host's debug log.
+fn reconcile_starts(log: &Path, ns: &str) -> Vec<(String, String, f64)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "reconcile started")
+        .filter_map(|v| {
+            let key = v["fields"]["key"].as_str()?;
+            let (kns, name) = key.split_once('/')?;
+            if kns != ns {
+                return None;
+            }
+            Some((
+                v["fields"]["plugin"].as_str()?.to_string(),
+                name.to_string(),
+                parse_utc(v["timestamp"].as_str()?)?,
+            ))
+        })
+        .collect()
+}
+
+fn report_row(what: &str, cpu: f64, rss: f64, native_cpu: f64) {
+    println!(
+        "| {what} | {:.0} µs | {:.2}× | {rss:.0} MiB |",
+        cpu / PODS as f64 * 1e6,
+        cpu / native_cpu
+    );
+}
+
+async fn run() {
+    let env = testenv::TestEnv::shared().await.expect("test cluster");
+    let client = env.client().await.expect("client");
+    println!(
+        "machine: {} cores; {PODS} pods per burst, {CONCURRENCY} creates in flight; host {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        host_binary().display()
+    );
+    // Compile once, outside every measurement.
+    let warm_dir = noop_dir(env, "noop", 1, "").await;
+    let warmup = Host::start(env, &warm_dir, "warmup");
+    wait_until("the compile cache", Duration::from_secs(120), || {
+        warmup.running_plugins() >= 1
+    })
+    .await;
+    warmup.stop();
+
+    // Phase 2a: idle memory, 1 plugin and 100 plugins, before any Pod exists.
+    let one = Host::start(env, &warm_dir, "one");
+    let hundred_dir = noop_dir(env, "n", 100, "").await;
+    let hundred = Host::start(env, &hundred_dir, "hundred");
+    wait_until("1 plugin running", Duration::from_secs(120), || {
+        one.running_plugins() >= 1
+    })
+    .await;
+    wait_until("100 plugins running", Duration::from_secs(300), || {
+        hundred.running_plugins() >= 100
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (one_idle, hundred_idle) = (rss_mib(one.pid()), rss_mib(hundred.pid()));
+    one.stop();
+    hundred.stop();
+
+    // Phase 1: the burst, side by side.
+    let fresh = Host::start(env, &warm_dir, "fresh");
+    let warm_dir2 = noop_dir(env, "noop-warm", 1, "isolation = \"worker\"\n").await;
+    let warm = Host::start(env, &warm_dir2, "warm");
+    let native = Native::start(env);
+    wait_until("hosts running", Duration::from_secs(120), || {
+        fresh.running_plugins() >= 1 && warm.running_plugins() >= 1
+    })
+    .await;
+    // Every process has listed and reconciled what exists (nothing in the bench's namespaces yet).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (f0, w0, n0) = (
+        fresh.reconciles(),
+        warm.reconciles(),
+        native.count.load(Ordering::Relaxed),
+    );
+    let ns = env.namespace("bench-compare").await.expect("ns").name;
+    let pids = [fresh.pid(), warm.pid(), native.child.id()];
+    let cpu0: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let started = Instant::now();
+    let created = create_pods(&client, &ns, PODS, CONCURRENCY).await;
+    wait_until(
+        "every process reconciled the burst",
+        Duration::from_secs(300),
+        || {
+            fresh.reconciles() >= f0 + PODS as f64
+                && warm.reconciles() >= w0 + PODS as f64
+                && native.count.load(Ordering::Relaxed) >= n0 + PODS
+        },
+    )
+    .await;
+    let wall = started.elapsed();
+    // Let the last watch events and their bookkeeping settle before reading the counters.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cpu: Vec<f64> = pids
+        .iter()
+        .zip(&cpu0)
+        .map(|(p, c0)| cpu_seconds(*p) - c0)
+        .collect();
+    let rss: Vec<f64> = pids.iter().map(|p| rss_mib(*p)).collect();
+    fresh.stop();
+    warm.stop();
+    native.stop();
+
+    // Phase 2b: 100 plugins with the 2,000 Pods cached (and reconciled by each).
+    let hundred = Host::start(env, &hundred_dir, "hundred-pods");
+    wait_until("100 plugins running", Duration::from_secs(300), || {
+        hundred.running_plugins() >= 100
+    })
+    .await;
+    wait_until(
+        "100 plugins reconciled the pods",
+        Duration::from_secs(600),
+        || hundred.reconciles() >= (100 * PODS) as f64,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let hundred_pods = rss_mib(hundred.pid());
+    hundred.stop();
+
+    // Phase 3: latency at 1,000 events/s (10 plugins × 100 Pods/s).
+    let ten_dir = noop_dir(env, "t", 10, "").await;
+    // The debug line at each reconcile's start is what the latencies are read from.
+    let ten = Host::start_logging(
+        env,
+        &ten_dir,
+        "ten",
+        "warn,wasm_controller_manager::engine::controller=debug",
+    );
+    wait_until("10 plugins running", Duration::from_secs(120), || {
+        ten.running_plugins() >= 10
+    })
+    .await;
+    wait_until("10 plugins synced", Duration::from_secs(300), || {
+        ten.reconciles() >= (10 * PODS) as f64
+    })
+    .await;
+    let lat_ns = env.namespace("bench-latency").await.expect("ns").name;
+    let seen: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
+    let watch = tokio::spawn({
+        let (api, seen) = (
+            Api::<Pod>::namespaced(client.clone(), &lat_ns),
+            seen.clone(),
+        );
+        async move {
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Ok(Some(e)) = events.try_next().await {
+                if let watcher::Event::Apply(p) = e {
+                    let t = now_unix();
+                    if let Some(name) = p.metadata.name
+                        && let Ok(mut seen) = seen.lock()
+                    {
+                        seen.entry(name).or_insert(t);
+                    }
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    const LATENCY_PODS: usize = 1000;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &lat_ns);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let pace = Instant::now();
+    let mut creates = Vec::new();
+    for i in 0..LATENCY_PODS {
+        tick.tick().await;
+        let api = api.clone();
+        creates.push(tokio::spawn(async move {
+            create_one(&api, &format!("l-{i}")).await
+        }));
+    }
+    for c in creates {
+        let _ = c.await;
+    }
+    let paced = pace.elapsed();
+    let target = (10 * PODS + 10 * LATENCY_PODS) as f64;
+    wait_until("latency pods reconciled", Duration::from_secs(120), || {
+        ten.reconciles() >= target
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watch.abort();
+    let ten_log = ten.log.clone();
+    ten.stop();
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    let mut first: HashMap<(String, String), f64> = HashMap::new();
+    for (plugin, name, t) in reconcile_starts(&ten_log, &lat_ns) {
+        first
+            .entry((plugin, name))
+            .and_modify(|e| *e = e.min(t))
+            .or_insert(t);
+    }
+    let mut lat: Vec<f64> = first
+        .iter()
+        .filter_map(|((_, name), t)| Some((t - seen.get(name)?) * 1e3))
+        .collect();
+    lat.sort_by(f64::total_cmp);
+
+    println!();
+    println!(
+        "burst: {PODS} pods created in {:.2} s ({:.0}/s); all three processes done after {:.2} s",
+        created.as_secs_f64(),
+        PODS as f64 / created.as_secs_f64(),
+        wall.as_secs_f64()
+    );
+    println!();
+    println!("| process (each watches every Pod) | CPU per event | × native | RSS after |");
+    println!("|---|---|---|---|");
+    report_row(
+        "host, `noop`, fresh instance per call (default)",
+        cpu[0],
+        rss[0],
+        cpu[2],
+    );
+    report_row(
+        "host, `noop`, `isolation = \"worker\"`",
+        cpu[1],
+        rss[1],
+        cpu[2],
+    );
+    report_row(
+        "native kube-runtime `Controller`, no-op",
+        cpu[2],
+        rss[2],
+        cpu[2],
+    );
+    println!();
+    println!("| host RSS | value |");
+    println!("|---|---|");
+    println!("| 1 plugin, idle | {one_idle:.1} MiB |");
+    println!("| 100 plugins, idle | {hundred_idle:.1} MiB |");
+    println!(
+        "| per idle plugin ((100 − 1) / 99) | {:.0} KiB |",
+        (hundred_idle - one_idle) * 1024.0 / 99.0
+    );
+    println!("| 100 plugins, {PODS} Pods cached and reconciled | {hundred_pods:.1} MiB |");
+    println!(
+        "| native controller, {PODS} Pods cached (phase 1) | {:.1} MiB |",
+        rss[2]
+    );
+    println!();
+    println!(
+        "latency: {LATENCY_PODS} pods at {:.0}/s × 10 plugins = {:.0} events/s; {} of {} (plugin, pod) pairs timed",
+        LATENCY_PODS as f64 / paced.as_secs_f64(),
+        10.0 * LATENCY_PODS as f64 / paced.as_secs_f64(),
+        lat.len(),
+        10 * LATENCY_PODS
+    );
+    println!(
+        "| watch delivery → reconcile start | p50 {:.2} ms | p99 {:.2} ms | max {:.2} ms |",
+        quantile(&lat, 0.5),
+        quantile(&lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN)
+    );
+    for d in [&warm_dir, &warm_dir2, &hundred_dir, &ten_dir] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
