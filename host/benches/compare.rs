@@ -1,12 +1,13 @@
 //! The host next to a native kube-runtime controller, each in its own process, against the real
 //! test cluster (testenv), in one run:
-//! 1. CPU per event: 2,000 Pods created while, side by side, the host (`wasm-controller-manager run`
+//! 1. CPU per event: 2,000 Pods created in a burst (32 creates in flight), then 2,000 more at a
+//!    steady 200/s, while, side by side, the host (`wasm-controller-manager run`
 //!    with the `noop` plugin, fresh instance per call), a second host with `noop` under
 //!    `isolation = "worker"`, and a native kube-runtime `Controller` with a no-op reconcile (this
 //!    binary, re-executed with `--native-baseline`) watch every Pod. Each process's utime+stime over
-//!    the burst, divided by 2,000; RSS after.
+//!    each load, divided by 2,000; RSS after.
 //! 2. Memory: a host with 100 copies of `noop` (one shared watch), RSS idle (no Pods) and with the
-//!    2,000 Pods cached and reconciled; a host with one copy, idle, for the per-plugin share.
+//!    4,000 Pods cached and reconciled; a host with one copy, idle, for the per-plugin share.
 //! 3. Latency at 1,000 events/s: 10 copies of `noop`, 100 Pods created per second for 10 s. Each
 //!    latency runs from the moment this process's own watch of the API server delivers a Pod to
 //!    the moment the host starts that Pod's reconcile in a plugin (the host's debug log line,
@@ -35,6 +36,8 @@ use serde_json::json;
 
 const PODS: usize = 2000;
 const CONCURRENCY: usize = 32;
+/// The second load: Pods at the rate a busy cluster creates them, each event on its own.
+const PACED_PER_SECOND: f64 = 200.0;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -285,6 +288,30 @@ async fn create_pods(client: &kube::Client, ns: &str, n: usize, concurrency: usi
     start.elapsed()
 }
 
+/// Creates `n` pods named `prefix-i` at a steady `per_second`; returns the time it took.
+async fn create_paced(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    n: usize,
+    per_second: f64,
+) -> Duration {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+    let start = Instant::now();
+    let mut creates = Vec::with_capacity(n);
+    for i in 0..n {
+        tick.tick().await;
+        let api = api.clone();
+        let name = format!("{prefix}-{i}");
+        creates.push(tokio::spawn(async move { create_one(&api, &name).await }));
+    }
+    for c in creates {
+        let _ = c.await;
+    }
+    start.elapsed()
+}
+
 async fn create_one(api: &Api<Pod>, name: &str) {
     for attempt in 0..5 {
         match api.create(&PostParams::default(), &pod(name)).await {
@@ -448,29 +475,38 @@ async fn run() {
         warm.reconciles(),
         native.count.load(Ordering::Relaxed),
     );
-    let ns = env.namespace("bench-compare").await.expect("ns").name;
     let pids = [fresh.pid(), warm.pid(), native.child.id()];
-    let cpu0: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
-    let started = Instant::now();
-    let created = create_pods(&client, &ns, PODS, CONCURRENCY).await;
-    wait_until(
-        "every process reconciled the burst",
-        Duration::from_secs(300),
-        || {
-            fresh.reconciles() >= f0 + PODS as f64
-                && warm.reconciles() >= w0 + PODS as f64
-                && native.count.load(Ordering::Relaxed) >= n0 + PODS
-        },
-    )
-    .await;
-    let wall = started.elapsed();
-    // Let the last watch events and their bookkeeping settle before reading the counters.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let cpu: Vec<f64> = pids
-        .iter()
-        .zip(&cpu0)
-        .map(|(p, c0)| cpu_seconds(*p) - c0)
-        .collect();
+    let mut loads = Vec::new();
+    for (i, paced) in [false, true].into_iter().enumerate() {
+        let ns = env.namespace("bench-compare").await.expect("ns").name;
+        let cpu0: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+        let started = Instant::now();
+        let created = if paced {
+            create_paced(&client, &ns, "p", PODS, PACED_PER_SECOND).await
+        } else {
+            create_pods(&client, &ns, PODS, CONCURRENCY).await
+        };
+        let more = ((i + 1) * PODS) as f64;
+        wait_until(
+            "every process reconciled the pods",
+            Duration::from_secs(300),
+            || {
+                fresh.reconciles() >= f0 + more
+                    && warm.reconciles() >= w0 + more
+                    && native.count.load(Ordering::Relaxed) as f64 >= n0 as f64 + more
+            },
+        )
+        .await;
+        let wall = started.elapsed();
+        // Let the last watch events and their bookkeeping settle before reading the counters.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cpu: Vec<f64> = pids
+            .iter()
+            .zip(&cpu0)
+            .map(|(p, c0)| cpu_seconds(*p) - c0)
+            .collect();
+        loads.push((paced, created, wall, cpu));
+    }
     let rss: Vec<f64> = pids.iter().map(|p| rss_mib(*p)).collect();
     fresh.stop();
     warm.stop();
@@ -485,7 +521,7 @@ async fn run() {
     wait_until(
         "100 plugins reconciled the pods",
         Duration::from_secs(600),
-        || hundred.reconciles() >= (100 * PODS) as f64,
+        || hundred.reconciles() >= (100 * 2 * PODS) as f64,
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -506,7 +542,7 @@ async fn run() {
     })
     .await;
     wait_until("10 plugins synced", Duration::from_secs(300), || {
-        ten.reconciles() >= (10 * PODS) as f64
+        ten.reconciles() >= (10 * 2 * PODS) as f64
     })
     .await;
     let lat_ns = env.namespace("bench-latency").await.expect("ns").name;
@@ -532,22 +568,8 @@ async fn run() {
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     const LATENCY_PODS: usize = 1000;
-    let api: Api<Pod> = Api::namespaced(client.clone(), &lat_ns);
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let pace = Instant::now();
-    let mut creates = Vec::new();
-    for i in 0..LATENCY_PODS {
-        tick.tick().await;
-        let api = api.clone();
-        creates.push(tokio::spawn(async move {
-            create_one(&api, &format!("l-{i}")).await
-        }));
-    }
-    for c in creates {
-        let _ = c.await;
-    }
-    let paced = pace.elapsed();
-    let target = (10 * PODS + 10 * LATENCY_PODS) as f64;
+    let paced = create_paced(&client, &lat_ns, "l", LATENCY_PODS, 100.0).await;
+    let target = (10 * 2 * PODS + 10 * LATENCY_PODS) as f64;
     wait_until("latency pods reconciled", Duration::from_secs(120), || {
         ten.reconciles() >= target
     })
@@ -570,34 +592,37 @@ async fn run() {
         .collect();
     lat.sort_by(f64::total_cmp);
 
-    println!();
-    println!(
-        "burst: {PODS} pods created in {:.2} s ({:.0}/s); all three processes done after {:.2} s",
-        created.as_secs_f64(),
-        PODS as f64 / created.as_secs_f64(),
-        wall.as_secs_f64()
-    );
-    println!();
-    println!("| process (each watches every Pod) | CPU per event | × native | RSS after |");
-    println!("|---|---|---|---|");
-    report_row(
-        "host, `noop`, fresh instance per call (default)",
-        cpu[0],
-        rss[0],
-        cpu[2],
-    );
-    report_row(
-        "host, `noop`, `isolation = \"worker\"`",
-        cpu[1],
-        rss[1],
-        cpu[2],
-    );
-    report_row(
-        "native kube-runtime `Controller`, no-op",
-        cpu[2],
-        rss[2],
-        cpu[2],
-    );
+    for (paced, created, wall, cpu) in &loads {
+        println!();
+        println!(
+            "{}: {PODS} pods created in {:.2} s ({:.0}/s); all three processes done after {:.2} s",
+            if *paced { "paced" } else { "burst" },
+            created.as_secs_f64(),
+            PODS as f64 / created.as_secs_f64(),
+            wall.as_secs_f64()
+        );
+        println!();
+        println!("| process (each watches every Pod) | CPU per event | × native | RSS after |");
+        println!("|---|---|---|---|");
+        report_row(
+            "host, `noop`, fresh instance per call (default)",
+            cpu[0],
+            rss[0],
+            cpu[2],
+        );
+        report_row(
+            "host, `noop`, `isolation = \"worker\"`",
+            cpu[1],
+            rss[1],
+            cpu[2],
+        );
+        report_row(
+            "native kube-runtime `Controller`, no-op",
+            cpu[2],
+            rss[2],
+            cpu[2],
+        );
+    }
     println!();
     println!("| host RSS | value |");
     println!("|---|---|");
@@ -607,9 +632,13 @@ async fn run() {
         "| per idle plugin ((100 − 1) / 99) | {:.0} KiB |",
         (hundred_idle - one_idle) * 1024.0 / 99.0
     );
-    println!("| 100 plugins, {PODS} Pods cached and reconciled | {hundred_pods:.1} MiB |");
     println!(
-        "| native controller, {PODS} Pods cached (phase 1) | {:.1} MiB |",
+        "| 100 plugins, {} Pods cached and reconciled | {hundred_pods:.1} MiB |",
+        2 * PODS
+    );
+    println!(
+        "| native controller, {} Pods cached (phase 1) | {:.1} MiB |",
+        2 * PODS,
         rss[2]
     );
     println!();

@@ -70,12 +70,15 @@ mod tests {
 
     #[test]
     fn a_busy_container_keeps_its_capacity() {
-        let mut m: HashMap<u32, u32> = (0..1_000).map(|i| (i, i)).collect();
+        let mut m: HashMap<usize, usize> = (0..1_000).map(|i| (i, i)).collect();
         let before = m.capacity();
-        for i in 0..500 {
+        // Down to just over a quarter of the capacity: still in use enough to keep it.
+        for i in 0..(m.len() - (before / 4 + 1)) {
             m.remove(&i);
             m.shrink_when_sparse();
         }
-        assert_eq!(m.capacity(), before);
+        // (hashbrown reports a little less capacity as deleted slots pile up; a shrink would at
+        // least halve it.)
+        assert!(m.capacity() > before / 2, "{} of {before}", m.capacity());
     }
 }

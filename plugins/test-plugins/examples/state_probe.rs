@@ -10,9 +10,6 @@ use wcm_sdk::{Action, Context, Description, Error, Reconciler, Request};
 static mut CALLS: u32 = 0;
 static mut SCRATCH: [u8; 64 << 10] = [0; 64 << 10];
 
-/// Pages grown and written by each call.
-const GROWN_PAGES: usize = 4;
-
 struct StateProbe;
 
 impl Reconciler for StateProbe {
@@ -47,6 +44,7 @@ impl Reconciler for StateProbe {
 #[cfg(target_arch = "wasm32")]
 fn grow_and_write() -> Result<(), Error> {
     const PAGE: usize = 64 << 10;
+    const GROWN_PAGES: usize = 4;
     let old = core::arch::wasm32::memory_grow(0, GROWN_PAGES);
     if old == usize::MAX {
         return Err(Error::retryable("memory.grow refused"));
