@@ -9,7 +9,8 @@
 
 use std::fs::{DirBuilder, File, Metadata, OpenOptions};
 use std::hash::{Hash, Hasher};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,13 +77,18 @@ pub fn load_or_compile(
         return Ok((compile(engine, wasm)?, false));
     }
     let path = dir.join(format!("{sha256}-{}.cwasm", engine_key(engine)));
-    match read_artifact(&path, euid) {
-        Ok(Some(bytes)) => {
-            // SAFETY: the bytes were read through a descriptor whose file is checked to be a regular
-            // file of this user, writable by no one else, in a directory only this user can write:
-            // written by `store` from `Component::serialize` of an engine with the same
-            // compatibility hash (it is in the name).
-            match unsafe { Component::deserialize(engine, &bytes) } {
+    match open_artifact(&path, euid) {
+        Ok(Some(file)) => {
+            // Mapped rather than read: the code pages are the file's, shared with the page cache,
+            // and only those a call touches become resident. `/proc/self/fd/N` opens the very file
+            // the checks were made on, not whatever the path names by now.
+            let checked = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            // SAFETY: the descriptor's file is checked to be a regular file of this user, writable
+            // by no one else, in a directory only this user can write: written by `store` from
+            // `Component::serialize` of an engine with the same compatibility hash (it is in the
+            // name). It is never written in place (a new artifact is renamed over it), so the
+            // mapping does not change under the engine.
+            match unsafe { Component::deserialize_file(engine, &checked) } {
                 Ok(c) => return Ok((c, true)),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), "precompiled artifact unusable, compiling again: {e:#}")
@@ -164,16 +170,16 @@ fn prepare_dir(dir: &Path, euid: u32) -> Result<(), CacheRefusal> {
     check_owner_and_mode(&meta, euid)
 }
 
-/// The artifact's bytes if it exists and passes the checks, both on the path and on the opened
-/// descriptor (what is checked is what is read).
-fn read_artifact(path: &Path, euid: u32) -> Result<Option<Vec<u8>>, CacheRefusal> {
+/// The artifact, opened, if it exists and passes the checks, both on the path and on the opened
+/// descriptor (what is checked is what is loaded).
+fn open_artifact(path: &Path, euid: u32) -> Result<Option<File>, CacheRefusal> {
     let checked = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     check_artifact(&checked, euid)?;
-    let mut file = match open_no_follow(path) {
+    let file = match open_no_follow(path) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         // ELOOP: a symlink now.
@@ -185,9 +191,7 @@ fn read_artifact(path: &Path, euid: u32) -> Result<Option<Vec<u8>>, CacheRefusal
     if opened.dev() != checked.dev() || opened.ino() != checked.ino() {
         return Err(CacheRefusal::Replaced);
     }
-    let mut bytes = Vec::with_capacity(usize::try_from(opened.len()).unwrap_or(0));
-    file.read_to_end(&mut bytes)?;
-    Ok(Some(bytes))
+    Ok(Some(file))
 }
 
 fn store(component: &Component, dir: &Path, path: &Path) -> Result<()> {
@@ -228,6 +232,7 @@ fn write_artifact(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
     /// A fresh directory under the system temp dir, removed on drop.
@@ -257,6 +262,12 @@ mod tests {
 
     fn euid() -> u32 {
         effective_uid().expect("uid from /proc")
+    }
+
+    fn contents(file: Option<File>) -> Option<Vec<u8>> {
+        let mut bytes = Vec::new();
+        file?.read_to_end(&mut bytes).expect("read");
+        Some(bytes)
     }
 
     /// The smallest valid component: the header alone.
@@ -301,7 +312,7 @@ mod tests {
         write_artifact(&t.cache(), &path, b"artifact").expect("write");
         let meta = std::fs::symlink_metadata(&path).expect("stat");
         assert_eq!(meta.mode() & 0o777, 0o600);
-        let got = read_artifact(&path, euid()).expect("passes");
+        let got = contents(open_artifact(&path, euid()).expect("passes"));
         assert_eq!(got.as_deref(), Some(&b"artifact"[..]));
         // Nothing left behind but the artifact.
         let names: Vec<_> = std::fs::read_dir(t.cache())
@@ -311,7 +322,7 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from("x.cwasm")]);
         // Written again over itself: a new temporary name each time.
         write_artifact(&t.cache(), &path, b"again").expect("write");
-        let got = read_artifact(&path, euid()).expect("passes");
+        let got = contents(open_artifact(&path, euid()).expect("passes"));
         assert_eq!(got.as_deref(), Some(&b"again"[..]));
     }
 
@@ -322,7 +333,7 @@ mod tests {
         let path = t.cache().join("x.cwasm");
         std::fs::write(&path, b"planted").expect("write");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        let err = read_artifact(&path, euid()).expect_err("must refuse");
+        let err = open_artifact(&path, euid()).expect_err("must refuse");
         assert!(
             matches!(err, CacheRefusal::Writable { mode: 0o666 }),
             "{err:?}"
@@ -333,7 +344,7 @@ mod tests {
         );
         // Someone else's file.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        let err = read_artifact(&path, euid() + 1).expect_err("must refuse");
+        let err = open_artifact(&path, euid() + 1).expect_err("must refuse");
         assert!(matches!(err, CacheRefusal::Owner { .. }), "{err:?}");
     }
 
@@ -345,12 +356,12 @@ mod tests {
         write_artifact(&t.cache(), &real, b"artifact").expect("write");
         let path = t.cache().join("x.cwasm");
         symlink(&real, &path).expect("symlink");
-        let err = read_artifact(&path, euid()).expect_err("must refuse");
+        let err = open_artifact(&path, euid()).expect_err("must refuse");
         assert!(matches!(err, CacheRefusal::Symlink), "{err:?}");
         // A directory or a FIFO in its place.
         std::fs::remove_file(&path).expect("rm");
         std::fs::create_dir(&path).expect("mkdir");
-        let err = read_artifact(&path, euid()).expect_err("must refuse");
+        let err = open_artifact(&path, euid()).expect_err("must refuse");
         assert!(
             matches!(err, CacheRefusal::NotRegular("a directory")),
             "{err:?}"
