@@ -87,17 +87,3 @@ async fn the_probe_sees_state_that_a_reused_instance_carries_over() -> Result<()
     }
     Ok(())
 }
-
-#[tokio::test]
-async fn files_with_the_same_bytes_share_one_compiled_component() -> Result<()> {
-    let wasm = std::fs::read(common::plugin("state-probe")?)?;
-    let runtime = runtime(MemoryReset::Auto)?;
-    let first = runtime.compile(&wasm)?;
-    let second = runtime.compile(&wasm)?;
-    assert!(!first.shared && second.shared);
-    drop((first, second));
-    // Once no file holds it, the same bytes are loaded again.
-    let third = runtime.compile(&wasm)?;
-    assert!(!third.shared);
-    Ok(())
-}

@@ -50,7 +50,7 @@ pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Resul
         .compile(&bytes)
         .with_context(|| format!("{} is not a usable plugin", path.display()))?;
     let engine = runtime.engine();
-    let ty = compiled.component().component_type();
+    let ty = compiled.component.component_type();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
     let services = Arc::new(Services::for_describe("inspect", settings.config.clone()));

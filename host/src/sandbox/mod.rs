@@ -11,10 +11,9 @@ mod guest_clock;
 mod host_calls;
 pub mod http;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -127,38 +126,17 @@ pub struct Runtime {
     ticker: Arc<Ticker>,
     /// Whether pooled memories are reset by scanning for written pages (else: memset).
     pagemap_reset: Result<(), String>,
-    /// Every linked component still in use, by digest: files with the same bytes share one copy
-    /// of the code and one template (and so the same warm pool slots).
-    linked: Mutex<HashMap<String, Weak<Linked>>>,
-}
-
-/// A component and its pre-linked instance template. Immutable: each call still gets its own
-/// store and instance.
-struct Linked {
-    pre: bindings::PluginPre<CallCtx>,
-    component: Component,
 }
 
 /// A compiled plugin, ready to instantiate.
 pub struct Compiled {
-    linked: Arc<Linked>,
+    pre: bindings::PluginPre<CallCtx>,
     pub sha256: String,
     pub size: usize,
     /// Time to compile, or to load the precompiled artifact.
     pub load_time: Duration,
     pub from_cache: bool,
-    /// Another loaded file had the same bytes, and its code is shared.
-    pub shared: bool,
-}
-
-impl Compiled {
-    pub fn component(&self) -> &Component {
-        &self.linked.component
-    }
-
-    fn pre(&self) -> &bindings::PluginPre<CallCtx> {
-        &self.linked.pre
-    }
+    pub component: Component,
 }
 
 /// Why a call into a plugin failed (as opposed to the plugin returning an error).
@@ -223,7 +201,6 @@ impl Runtime {
             settings,
             ticker,
             pagemap_reset,
-            linked: Mutex::default(),
         })
     }
 
@@ -248,16 +225,6 @@ impl Runtime {
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
         let sha256 = compile_cache::sha256_hex(wasm);
-        if let Some(linked) = self.shared(&sha256) {
-            return Ok(Compiled {
-                linked,
-                sha256,
-                size: wasm.len(),
-                load_time: started.elapsed(),
-                from_cache: true,
-                shared: true,
-            });
-        }
         let (component, from_cache) = compile_cache::load_or_compile(
             &self.engine,
             self.settings.compile_cache.as_deref(),
@@ -272,24 +239,14 @@ impl Runtime {
                 "not a plugin of world wcm:reconciler/plugin@0.1.0 (missing export?): {e:#}"
             )
         })?;
-        let linked = Arc::new(Linked { pre, component });
-        if let Ok(mut map) = self.linked.lock() {
-            map.retain(|_, w| w.strong_count() > 0);
-            map.insert(sha256.clone(), Arc::downgrade(&linked));
-        }
         Ok(Compiled {
-            linked,
+            pre,
             sha256,
             size: wasm.len(),
             load_time: started.elapsed(),
             from_cache,
-            shared: false,
+            component,
         })
-    }
-
-    /// The linked component of a file with these bytes that is still loaded.
-    fn shared(&self, sha256: &str) -> Option<Arc<Linked>> {
-        self.linked.lock().ok()?.get(sha256)?.upgrade()
     }
 
     /// Calls `describe` in a fresh instance.
@@ -336,7 +293,7 @@ impl Runtime {
         let _running = self.ticker.running();
         let started = Instant::now();
         compiled
-            .pre()
+            .pre
             .instantiate_async(&mut store)
             .await
             .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
@@ -391,7 +348,7 @@ impl Runtime {
             wall,
             clock.meter(async {
                 let plugin = compiled
-                    .pre()
+                    .pre
                     .instantiate_async(&mut store)
                     .await
                     .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
@@ -435,7 +392,7 @@ impl Runtime {
                 let running = self.ticker.running();
                 let made = tokio::time::timeout(
                     limits.wall_timeout,
-                    clock.meter(compiled.pre().instantiate_async(&mut store)),
+                    clock.meter(compiled.pre.instantiate_async(&mut store)),
                 )
                 .await;
                 drop(running);
