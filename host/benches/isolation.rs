@@ -171,6 +171,7 @@ fn config(dir: &Path) -> RunConfig {
         shutdown_grace: Duration::from_secs(10),
         rate_limits: RateLimits::default(),
         memory_reset: Default::default(),
+        record: None,
     }
 }
 

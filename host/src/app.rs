@@ -19,6 +19,7 @@ use crate::engine::rate_limit::{RateLimits, TokenBucket};
 use crate::loading::plugins::{DirSettings, PluginManager};
 use crate::loading::settings::ControllerSelection;
 use crate::metrics::Metrics;
+use crate::sandbox::tape::{RecordWhat, Recorder};
 use crate::sandbox::{Limits, MemoryReset, Runtime, RuntimeSettings};
 
 /// Everything `run` needs, as parsed from the command line.
@@ -62,7 +63,12 @@ pub struct RunConfig {
     pub shutdown_grace: Duration,
     /// How pooled linear memories are reset between instances.
     pub memory_reset: MemoryReset,
+    /// Where to record reconciles, and which.
+    pub record: Option<(PathBuf, RecordWhat)>,
 }
+
+/// Recordings kept per plugin (the newest).
+pub const RECORDINGS_KEPT: usize = 20;
 
 /// A running manager (for tests and `run`).
 pub struct Manager {
@@ -225,6 +231,9 @@ impl Manager {
                 budgets: cfg.budgets,
                 identity: cfg.identity.clone(),
                 controllers: cfg.controllers.clone(),
+                recorder: cfg.record.as_ref().map(|(dir, what)| {
+                    Arc::new(Recorder::new(dir.clone(), *what, RECORDINGS_KEPT))
+                }),
             },
             config,
         );

@@ -11,6 +11,7 @@ use wasm_controller_manager::cluster::leader::LeaderSettings;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::loading::settings::ControllerSelection;
+use wasm_controller_manager::sandbox::tape::RecordWhat;
 use wasm_controller_manager::sandbox::{Limits, MemoryReset};
 
 /// A Kubernetes controller manager whose reconcilers are sandboxed WebAssembly components.
@@ -53,6 +54,21 @@ enum Command {
     /// apply (`kubectl apply -f -`, or a kustomize resource). Each plugin's NAME.toml beside it is
     /// read too (its name, config and Secrets).
     Rbac(RbacArgs),
+    /// Run a plugin against a reconcile recorded with `run --record-dir`, with no cluster and no
+    /// network: every host call is answered from the recording. Prints the calls, the result and
+    /// what differs from the recording; exits 1 when anything differs (a regression test).
+    Replay {
+        /// The recording (a JSON file under --record-dir/PLUGIN/).
+        recording: PathBuf,
+        /// The plugin component (.wasm): the recorded build, or a newer one to check.
+        plugin: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Cache of compiled plugins (as `run --compile-cache`).
+        #[arg(long, env = "WCM_COMPILE_CACHE")]
+        compile_cache: Option<PathBuf>,
+    },
     /// Print the version and the plugin contract (WIT) versions this host serves.
     Version,
 }
@@ -248,6 +264,14 @@ struct RunArgs {
     /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
     #[arg(long, env = "WCM_MAX_WORKERS_PER_PLUGIN", default_value_t = 16)]
     max_workers_per_plugin: u32,
+    /// Record reconciles to this directory (DIR/PLUGIN/*.json, the newest 20 of each plugin; private
+    /// to this user: recordings hold the objects a plugin saw, never secret values), for
+    /// `wasm-controller-manager replay`.
+    #[arg(long, env = "WCM_RECORD_DIR")]
+    record_dir: Option<PathBuf>,
+    /// Which reconciles --record-dir records: "failures" (errors and failed calls) or "all".
+    #[arg(long, env = "WCM_RECORD", value_enum, default_value_t = RecordWhat::Failures)]
+    record: RecordWhat,
     /// How an instance's linear memory is reset for the next one: "auto" resets only the pages it
     /// wrote (Linux ≥ 6.7, and only where no page can be swapped out, else as "memset");
     /// "memset" writes back the first 2 MiB whole.
@@ -429,6 +453,7 @@ impl RunArgs {
         let controllers = ControllerSelection::parse(&self.controllers)
             .map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
         Ok(RunConfig {
+            record: self.record_dir.map(|d| (d, self.record)),
             memory_reset: self.memory_reset,
             controllers,
             leader_election,
@@ -505,28 +530,50 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async {
         match cli.command {
-            Command::Run(args) => app::run(args.into_config()?).await,
+            Command::Run(args) => app::run(args.into_config()?)
+                .await
+                .map(|()| ExitCode::SUCCESS),
             Command::Rbac(args) => {
                 print!("{}", args.run().await?);
-                Ok(())
+                Ok(ExitCode::SUCCESS)
             }
             Command::Version => {
                 println!(
                     "wasm-controller-manager {}\nplugin contract: wcm:reconciler@0.1.0 (worlds plugin, plugin-with-http)",
                     env!("CARGO_PKG_VERSION")
                 );
-                Ok(())
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Replay {
+                recording,
+                plugin,
+                json,
+                compile_cache,
+            } => {
+                let report = wasm_controller_manager::loading::replay::replay(
+                    &recording,
+                    &plugin,
+                    json,
+                    compile_cache,
+                )
+                .await?;
+                print!("{}", report.text);
+                Ok(if report.same {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                })
             }
             Command::Inspect { plugin, json } => {
                 let report =
                     wasm_controller_manager::loading::inspect::inspect(&plugin, json).await?;
                 print!("{report}");
-                Ok(())
+                Ok(ExitCode::SUCCESS)
             }
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

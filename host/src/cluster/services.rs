@@ -20,6 +20,7 @@ use crate::engine::cache::ObjectStore;
 use crate::engine::rate_limit::TokenBucket;
 use crate::metrics::Metrics;
 use crate::sandbox::http::HostRule;
+use crate::sandbox::tape::Recorder;
 
 /// The stores of a plugin's watches, by kind, with the namespace each is limited to and whether
 /// it holds metadata only. Reads of a kind watched several times see the union of its stores.
@@ -235,6 +236,8 @@ pub struct Services {
     pub(crate) allowed_hosts: Arc<[HostRule]>,
     /// Addresses outbound HTTP never reaches unless allowed by address (the API server's).
     pub(crate) protected_ips: Arc<[IpAddr]>,
+    /// Where this plugin's reconciles are recorded (`--record-dir`), if anywhere.
+    pub(crate) recorder: Option<Arc<Recorder>>,
 }
 
 impl Services {
@@ -250,6 +253,7 @@ impl Services {
             }),
             allowed_hosts: Arc::from(Vec::new()),
             protected_ips: Arc::from(Vec::new()),
+            recorder: None,
         }
     }
 
@@ -268,7 +272,14 @@ impl Services {
             budgets: Budgets::new(budgets),
             allowed_hosts: allowed_hosts.into(),
             protected_ips: protected_ips.into(),
+            recorder: None,
         }
+    }
+
+    /// Records this plugin's reconciles with `recorder`.
+    pub fn with_recorder(mut self, recorder: Option<Arc<Recorder>>) -> Self {
+        self.recorder = recorder;
+        self
     }
 
     pub fn plugin_name(&self) -> &str {

@@ -73,7 +73,7 @@ pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Resul
 }
 
 /// Largest plugin file these commands read (as `run --max-plugin-bytes`' default).
-const MAX_FILE_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// Loads, compiles and describes a plugin; returns the report as text (or JSON).
 pub async fn inspect(path: &Path, json: bool) -> Result<String> {

@@ -42,6 +42,7 @@ use crate::engine::informer::InformerKey;
 use crate::loading::files;
 use crate::loading::settings::{ControllerSelection, PluginSettings, SecretRef};
 use crate::sandbox::http::effective_hosts;
+use crate::sandbox::tape::Recorder;
 use crate::sandbox::{Compiled, Limits};
 
 /// Limits on what the directory may hold, and what every plugin gets by default.
@@ -63,6 +64,8 @@ pub struct DirSettings {
     pub identity: IdentitySettings,
     /// Which plugins run (`--controllers`).
     pub controllers: ControllerSelection,
+    /// Where reconciles are recorded (`--record-dir`), for every plugin.
+    pub recorder: Option<Arc<Recorder>>,
 }
 
 /// Largest NAME.toml accepted.
@@ -910,23 +913,26 @@ impl PluginManager {
         self.events.register(&name, identity.client().clone());
         // Per plugin, the plugin's election; a version swapped in keeps the running one's.
         let gate = self.parts.election.gate(&name);
-        let services = Arc::new(Services::new(
-            &name,
-            Reach {
-                grants,
-                identity: identity.clone(),
-                api: self.parts.api.clone(),
-                cache: plugin_cache(&informers),
-                events: self.events.clone(),
-                secrets,
-                metrics: self.parts.metrics.clone(),
-                leading: gate.holds.clone(),
-            },
-            settings.config.clone(),
-            &budgets,
-            allowed_hosts,
-            protected_ips,
-        ));
+        let services = Arc::new(
+            Services::new(
+                &name,
+                Reach {
+                    grants,
+                    identity: identity.clone(),
+                    api: self.parts.api.clone(),
+                    cache: plugin_cache(&informers),
+                    events: self.events.clone(),
+                    secrets,
+                    metrics: self.parts.metrics.clone(),
+                    leading: gate.holds.clone(),
+                },
+                settings.config.clone(),
+                &budgets,
+                allowed_hosts,
+                protected_ips,
+            )
+            .with_recorder(self.settings.recorder.clone()),
+        );
         let sha = compiled.sha256.clone();
         // The operator's choice, else the plugin's own (validated at load), else per call.
         let isolation = settings

@@ -11,6 +11,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::guest_clock::GuestClock;
 use super::http::HttpPolicy;
+use super::tape::Tape;
 
 use crate::cluster::services::Services;
 
@@ -66,6 +67,8 @@ pub struct CallCtx {
     logged: [usize; 2],
     http: WasiHttpCtx,
     http_policy: HttpPolicy,
+    /// Host calls being recorded, or answered from a recording (`tape.rs`).
+    pub(crate) tape: Option<Tape>,
 }
 
 impl CallCtx {
@@ -117,6 +120,7 @@ impl CallCtx {
                 h
             },
             http_policy,
+            tape: None,
         }
     }
 

@@ -9,6 +9,7 @@ use crate::contract::validate;
 use crate::contract::wcm::reconciler::{cache, client, config, events, log, types};
 use crate::contract::{ApiError, KindKey, KindRef, ObjectKey};
 use crate::selector::Selector;
+use serde_json::{Value, json};
 
 /// The API server keeps at most 1 kB of an event's note.
 const MAX_NOTE: usize = 1024;
@@ -43,12 +44,109 @@ impl CallCtx {
             namespace: req.namespace.filter(|ns| !ns.is_empty()),
             ..req
         };
+        let args = json!({
+            "verb": format!("{:?}", req.verb),
+            "kind": kind_json(req.kind),
+            "namespace": req.namespace,
+            "name": req.name,
+            "subresource": req.subresource,
+            "body": req.body,
+        });
+        if let Some(answer) = self.replayed(what, &args) {
+            return Ok(api_result_from_json(&answer));
+        }
         // Tests make this panic to prove a host-side bug costs one retry, not a worker.
         #[cfg(feature = "failpoints")]
         fail::fail_point!("host-api-call");
         let services = self.services.clone();
-        let out = services.api_call(&req).await;
-        Ok(out.map_err(ApiError::from))
+        let out = services.api_call(&req).await.map_err(ApiError::from);
+        self.taped(what, args, || api_result_json(&out));
+        Ok(out)
+    }
+
+    /// Replaying: the recorded answer to this call.
+    fn replayed(&mut self, call: &str, args: &Value) -> Option<Value> {
+        self.tape.as_mut()?.answer(call, args)
+    }
+
+    /// Recording: notes the call and its answer (made only when recording).
+    fn taped(&mut self, call: &str, args: Value, answer: impl FnOnce() -> Value) {
+        if let Some(tape) = self.tape.as_mut() {
+            tape.note(call, args, answer());
+        }
+    }
+}
+
+fn kind_json(k: &KindRef) -> Value {
+    json!({"group": k.group, "version": k.version, "kind": k.kind})
+}
+
+fn key_json(k: &ObjectKey) -> Value {
+    json!({"namespace": k.namespace, "name": k.name})
+}
+
+fn api_result_json(r: &Result<String, ApiError>) -> Value {
+    match r {
+        Ok(body) => json!({"ok": body}),
+        Err(e) => json!({"error": {"code": e.code, "reason": e.reason, "message": e.message}}),
+    }
+}
+
+/// A recorded API answer; one missing from the recording is an error the plugin can see.
+fn api_result_from_json(v: &Value) -> Result<String, ApiError> {
+    if let Some(body) = v.get("ok").and_then(Value::as_str) {
+        return Ok(body.to_string());
+    }
+    let e = &v["error"];
+    match (
+        e["code"].as_u64(),
+        e["reason"].as_str(),
+        e["message"].as_str(),
+    ) {
+        (Some(code), Some(reason), Some(message)) => Err(ApiError {
+            code: u16::try_from(code).unwrap_or(0),
+            reason: reason.to_string(),
+            message: message.to_string(),
+        }),
+        _ => Err(ApiError {
+            code: 0,
+            reason: "NotRecorded".into(),
+            message: "this call is not in the recording".into(),
+        }),
+    }
+}
+
+/// Keys as `Key` displays them back into keys: a namespace or a name never holds '/', so
+/// "ns/name" splits unambiguously.
+fn object_keys(keys: &[String]) -> Vec<ObjectKey> {
+    keys.iter()
+        .map(|k| match k.split_once('/') {
+            Some((ns, name)) => ObjectKey {
+                namespace: Some(ns.to_string()),
+                name: name.to_string(),
+            },
+            None => ObjectKey {
+                namespace: None,
+                name: k.clone(),
+            },
+        })
+        .collect()
+}
+
+fn strings_json(r: &Result<Vec<String>, String>) -> Value {
+    match r {
+        Ok(v) => json!({"ok": v}),
+        Err(e) => json!({"error": e}),
+    }
+}
+
+fn strings_from_json(v: &Value) -> Result<Vec<String>, String> {
+    match v.get("ok") {
+        Some(ok) => serde_json::from_value(ok.clone()).map_err(|e| e.to_string()),
+        None => Err(v["error"]
+            .as_str()
+            .unwrap_or("this call is not in the recording")
+            .to_string()),
     }
 }
 
@@ -210,23 +308,13 @@ impl client::Host for CallCtx {
 impl cache::Host for CallCtx {
     async fn get(&mut self, kind: KindRef, key: ObjectKey) -> wasmtime::Result<Option<String>> {
         self.admit("cache.get", [key.name.len()])?;
-        if let Err(e) = validate::kind(&kind).and_then(|_| validate::object_key(&key)) {
-            self.services.invalid_call("cache.get", &e);
-            return Ok(None);
+        let args = json!({"kind": kind_json(&kind), "key": key_json(&key)});
+        if let Some(answer) = self.replayed("cache.get", &args) {
+            return Ok(answer.as_str().map(str::to_string));
         }
-        let stores = self.services.cache_stores(&kind);
-        if stores.is_empty() {
-            self.services.warn(format_args!(
-                "cache.get of {}, a kind the plugin does not watch",
-                KindKey::from(&kind)
-            ));
-            return Ok(None);
-        }
-        let key = store_key(&key);
-        Ok(stores
-            .iter()
-            .find_map(|s| s.get(&key))
-            .map(|o| o.json.to_string()))
+        let out = self.cache_get(kind, key);
+        self.taped("cache.get", args, || json!(out));
+        Ok(out)
     }
 
     async fn keys(
@@ -239,16 +327,16 @@ impl cache::Host for CallCtx {
             "cache.keys",
             [label_selector.as_ref().map_or(0, String::len)],
         )?;
-        Ok(self
+        let args =
+            json!({"kind": kind_json(&kind), "namespace": namespace, "selector": label_selector});
+        if let Some(answer) = self.replayed("cache.keys", &args) {
+            return Ok(strings_from_json(&answer).map(|keys| object_keys(&keys)));
+        }
+        let out = self
             .select(&kind, namespace.as_deref(), label_selector.as_deref())
-            .map(|objs| {
-                objs.iter()
-                    .map(|o| ObjectKey {
-                        namespace: o.key.namespace.clone(),
-                        name: o.key.name.clone(),
-                    })
-                    .collect()
-            }))
+            .map(|objs| objs.iter().map(|o| o.key.to_string()).collect());
+        self.taped("cache.keys", args, || strings_json(&out));
+        Ok(out.map(|keys: Vec<String>| object_keys(&keys)))
     }
 
     async fn list(
@@ -261,9 +349,38 @@ impl cache::Host for CallCtx {
             "cache.list",
             [label_selector.as_ref().map_or(0, String::len)],
         )?;
-        Ok(self
+        let args =
+            json!({"kind": kind_json(&kind), "namespace": namespace, "selector": label_selector});
+        if let Some(answer) = self.replayed("cache.list", &args) {
+            return Ok(strings_from_json(&answer));
+        }
+        let out = self
             .select(&kind, namespace.as_deref(), label_selector.as_deref())
-            .map(|objs| objs.iter().map(|o| o.json.to_string()).collect()))
+            .map(|objs| objs.iter().map(|o| o.json.to_string()).collect());
+        self.taped("cache.list", args, || strings_json(&out));
+        Ok(out)
+    }
+}
+
+impl CallCtx {
+    fn cache_get(&mut self, kind: KindRef, key: ObjectKey) -> Option<String> {
+        if let Err(e) = validate::kind(&kind).and_then(|_| validate::object_key(&key)) {
+            self.services.invalid_call("cache.get", &e);
+            return None;
+        }
+        let stores = self.services.cache_stores(&kind);
+        if stores.is_empty() {
+            self.services.warn(format_args!(
+                "cache.get of {}, a kind the plugin does not watch",
+                KindKey::from(&kind)
+            ));
+            return None;
+        }
+        let key = store_key(&key);
+        stores
+            .iter()
+            .find_map(|s| s.get(&key))
+            .map(|o| o.json.to_string())
     }
 }
 
@@ -315,6 +432,20 @@ impl events::Host for CallCtx {
         note: String,
     ) -> wasmtime::Result<()> {
         self.admit("events.record", [reason.len(), action.len(), note.len()])?;
+        if self.tape.is_some() {
+            let args = json!({
+                "regarding": {"kind": kind_json(&regarding.kind), "key": key_json(&regarding.key), "uid": regarding.uid},
+                "type": format!("{event_type:?}"),
+                "reason": reason,
+                "action": action,
+                "note": note,
+            });
+            let replaying = self.tape.as_ref().is_some_and(|t| t.is_replaying());
+            self.taped("events.record", args, || Value::Null);
+            if replaying {
+                return Ok(());
+            }
+        }
         let k = regarding.kind;
         let event = PluginEvent {
             api_version: KindKey::from(&k).api_version(),
@@ -342,6 +473,10 @@ impl log::Host for CallCtx {
     ) -> wasmtime::Result<()> {
         let fields_size: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
         self.admit("log.log", [message.len(), fields_size])?;
+        if self.tape.is_some() {
+            let args = json!({"level": format!("{level:?}"), "message": message, "fields": fields});
+            self.taped("log.log", args, || Value::Null);
+        }
         if !self.services.budgets.log_line() {
             return Ok(());
         }
@@ -374,11 +509,31 @@ impl log::Host for CallCtx {
 impl config::Host for CallCtx {
     async fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
         self.admit("config.get", [key.len()])?;
-        Ok(self.services.config.get(&key).cloned())
+        let args = json!({"key": key});
+        if let Some(answer) = self.replayed("config.get", &args) {
+            return Ok(answer.as_str().map(str::to_string));
+        }
+        let out = self.services.config.get(&key).cloned();
+        self.taped("config.get", args, || json!(out));
+        Ok(out)
     }
 
     async fn secret(&mut self, key: String) -> wasmtime::Result<Option<String>> {
         self.admit("config.secret", [key.len()])?;
-        Ok(self.services.secret(&key).cloned())
+        let args = json!({"key": key});
+        // A secret value is never written to a recording: only whether there was one, and its
+        // digest (so a replay can tell the recorded value changed); a replay hands a placeholder.
+        if let Some(answer) = self.replayed("config.secret", &args) {
+            return Ok(answer
+                .get("sha256")
+                .and_then(Value::as_str)
+                .map(|d| format!("redacted-{d}")));
+        }
+        let out = self.services.secret(&key).cloned();
+        self.taped("config.secret", args, || match &out {
+            Some(v) => json!({"sha256": crate::sandbox::sha256_hex(v.as_bytes())}),
+            None => Value::Null,
+        });
+        Ok(out)
     }
 }

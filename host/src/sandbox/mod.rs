@@ -10,6 +10,7 @@ mod compile_cache;
 mod guest_clock;
 mod host_calls;
 pub mod http;
+pub mod tape;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use wasmtime::{
 use crate::contract::{self as bindings, Action, Description, ReconcileError, Request};
 pub use call_ctx::{CallCtx, Limits};
 pub use compile_cache::sha256_hex;
+use tape::Tape;
 
 use crate::cluster::services::Services;
 
@@ -256,13 +258,14 @@ impl Runtime {
         services: Arc<Services>,
         limits: &Limits,
     ) -> Result<Description, CallError> {
-        self.call(compiled, services, limits, async |plugin, store| {
+        self.call(compiled, services, limits, None, async |plugin, store| {
             plugin
                 .wcm_reconciler_reconciler()
                 .call_describe(store)
                 .await
         })
         .await
+        .0
     }
 
     /// Calls `reconcile` in a fresh instance.
@@ -273,13 +276,54 @@ impl Runtime {
         limits: &Limits,
         req: &Request,
     ) -> Result<Result<Action, ReconcileError>, CallError> {
-        self.call(compiled, services, limits, async |plugin, store| {
-            plugin
-                .wcm_reconciler_reconciler()
-                .call_reconcile(store, req)
-                .await
-        })
-        .await
+        let tape = services.recorder.as_ref().map(|_| Tape::recording());
+        let (result, tape) = self
+            .call(
+                compiled,
+                services.clone(),
+                limits,
+                tape,
+                async |plugin, store| {
+                    plugin
+                        .wcm_reconciler_reconciler()
+                        .call_reconcile(store, req)
+                        .await
+                },
+            )
+            .await;
+        save_recording(&services, compiled, req, tape, &result);
+        result
+    }
+
+    /// Runs `reconcile` against a recording: every host call is answered from it, nothing reaches
+    /// a cluster or the network. Returns the result and what the plugin did.
+    pub async fn replay(
+        &self,
+        compiled: &Compiled,
+        recording: &tape::Recording,
+        limits: &Limits,
+    ) -> (serde_json::Value, tape::Replay) {
+        let services = Arc::new(Services::for_describe(
+            &recording.plugin,
+            Default::default(),
+        ));
+        let req = recording.request.to_request();
+        let (result, tape) = self
+            .call(
+                compiled,
+                services,
+                limits,
+                Some(Tape::replaying(recording.calls.clone())),
+                async |plugin, store| {
+                    plugin
+                        .wcm_reconciler_reconciler()
+                        .call_reconcile(store, &req)
+                        .await
+                },
+            )
+            .await;
+        let replay = tape.and_then(Tape::finish).unwrap_or_default();
+        (tape::result_json(&result), replay)
     }
 
     /// Instantiates in a fresh store and drops it (for benchmarks of the instantiation cost).
@@ -331,13 +375,15 @@ impl Runtime {
         compiled: &Compiled,
         services: Arc<Services>,
         limits: &Limits,
+        tape: Option<Tape>,
         f: impl AsyncFnOnce(&bindings::Plugin, &mut Store<CallCtx>) -> wasmtime::Result<R>,
-    ) -> Result<R, CallError> {
+    ) -> (Result<R, CallError>, Option<Tape>) {
         let plugin_name = services.plugin_name().to_string();
         // Held for the instance's life: one plugin cannot take the whole pool.
         services.budgets.cpu_turn().await;
         let _permit = services.instance_permit().await;
         let mut store = self.new_store(services.clone(), limits);
+        store.data_mut().tape = tape;
         if let Some(m) = services.metrics() {
             m.instantiated(&plugin_name);
         }
@@ -363,7 +409,8 @@ impl Runtime {
 
         // The whole run counts, its part after the last tick too: most calls end before any tick.
         services.budgets.charge_cpu(store.data().guest_time());
-        finish(&mut store, &plugin_name, result)
+        let tape = store.data_mut().tape.take();
+        (finish(&mut store, &plugin_name, result), tape)
     }
 
     /// Calls `reconcile` in the worker's warm instance, making one if there is none (opt-in
@@ -418,6 +465,7 @@ impl Runtime {
             }
         };
         warm.store.data_mut().begin_call();
+        warm.store.data_mut().tape = services.recorder.as_ref().map(|_| Tape::recording());
         warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
         let clock = warm.store.data().clock.clone();
@@ -437,6 +485,8 @@ impl Runtime {
         drop(running);
         services.budgets.charge_cpu(warm.store.data().guest_time());
         let result = finish(&mut warm.store, &plugin_name, result);
+        let tape = warm.store.data_mut().tape.take();
+        save_recording(&services, compiled, req, tape, &result);
         warm.calls += 1;
         // Recycle now and then: bounded output buffers, and no heap grown without bound.
         let recycle =
@@ -527,6 +577,36 @@ fn finish<R>(
         (Err(CallError::Trap(t)), None) => Err(CallError::Trap(with_panic_message(t, panic))),
         _ => result,
     }
+}
+
+/// Writes the recording of a reconcile when the plugin's recorder wants it.
+fn save_recording(
+    services: &Services,
+    compiled: &Compiled,
+    req: &Request,
+    tape: Option<Tape>,
+    result: &Result<Result<Action, ReconcileError>, CallError>,
+) {
+    let (Some(recorder), Some(tape)) = (services.recorder.as_ref(), tape) else {
+        return;
+    };
+    let failed = !matches!(result, Ok(Ok(_)));
+    if !recorder.wants(failed) {
+        return;
+    }
+    recorder.save(&tape::Recording {
+        format: tape::FORMAT,
+        plugin: services.plugin_name().to_string(),
+        sha256: compiled.sha256.clone(),
+        request: tape::RecordedRequest {
+            namespace: req.key.namespace.clone(),
+            name: req.key.name.clone(),
+            object: req.object.clone(),
+            attempt: req.attempt,
+        },
+        calls: tape.into_calls(),
+        result: tape::result_json(result),
+    });
 }
 
 /// Calls a warm instance serves before it is replaced by a fresh one.

@@ -129,6 +129,7 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
         leader_election: None,
         leader_mode: Default::default(),
         memory_reset: Default::default(),
+        record: None,
         health_addr: None,
         controllers: Default::default(),
         shutdown_grace: Duration::from_secs(10),

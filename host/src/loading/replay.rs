@@ -1,0 +1,123 @@
+//! `wasm-controller-manager replay RECORDING PLUGIN.wasm`: runs a component against a recorded
+//! reconcile (`--record-dir`) with no cluster and no network, every host call answered from the
+//! recording, and reports what it did and where that differs from what was recorded.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use crate::loading::files;
+use crate::sandbox::tape::{Exchange, Recording, summary};
+use crate::sandbox::{Limits, Runtime, RuntimeSettings};
+
+/// What a replay found.
+pub struct ReplayReport {
+    pub text: String,
+    /// The same calls, in the same order, and the same result as recorded.
+    pub same: bool,
+}
+
+/// Replays `recording` with the component in `plugin`.
+pub async fn replay(
+    recording: &Path,
+    plugin: &Path,
+    json_out: bool,
+    compile_cache: Option<PathBuf>,
+) -> Result<ReplayReport> {
+    let rec = Recording::read(recording)?;
+    let dir = match plugin.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let bytes = files::read_plugin_file(dir, plugin, super::inspect::MAX_FILE_BYTES)
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", plugin.display()))?;
+    let runtime = Runtime::new(RuntimeSettings {
+        max_instances: 4,
+        compile_cache,
+        ..Default::default()
+    })?;
+    let compiled = runtime
+        .compile(&bytes)
+        .with_context(|| format!("{} is not a usable plugin", plugin.display()))?;
+    let (result, replay) = runtime.replay(&compiled, &rec, &Limits::default()).await;
+    let mut differences = replay.differences.clone();
+    if result != rec.result {
+        differences.push(format!("result {result}, recorded {}", rec.result));
+    }
+    let same = differences.is_empty();
+    let text = if json_out {
+        serde_json::to_string_pretty(&json!({
+            "plugin": rec.plugin,
+            "recordedSha256": rec.sha256,
+            "sha256": compiled.sha256,
+            "calls": replay.made,
+            "result": result,
+            "recordedResult": rec.result,
+            "differences": differences,
+            "same": same,
+        }))? + "\n"
+    } else {
+        let mut out = String::new();
+        let key = match &rec.request.namespace {
+            Some(ns) => format!("{ns}/{}", rec.request.name),
+            None => rec.request.name.clone(),
+        };
+        out += &format!(
+            "recording: {} (plugin {}, key {key}, attempt {})\n",
+            recording.display(),
+            rec.plugin,
+            rec.request.attempt
+        );
+        out += &format!(
+            "component: {} (sha256 {})",
+            plugin.display(),
+            compiled.sha256
+        );
+        if compiled.sha256 != rec.sha256 {
+            out += &format!(", not the build that was recorded ({})", rec.sha256);
+        }
+        out += "\n";
+        out += &format!("calls ({}):\n", replay.made.len());
+        for (i, call) in replay.made.iter().enumerate() {
+            out += &format!(
+                "  {:>3}. {} → {}\n",
+                i + 1,
+                summary(call),
+                answer_summary(call)
+            );
+        }
+        out += &format!("result: {result}\n");
+        if same {
+            out += "same calls and result as recorded\n";
+        } else {
+            out += &format!("differs from the recording ({}):\n", differences.len());
+            for d in &differences {
+                out += &format!("  - {d}\n");
+            }
+        }
+        out
+    };
+    Ok(ReplayReport { text, same })
+}
+
+/// A short form of an answer: sizes rather than bodies.
+fn answer_summary(e: &Exchange) -> String {
+    match &e.answer {
+        Value::Null => "-".into(),
+        Value::String(s) => format!("{} bytes", s.len()),
+        Value::Object(o) => match (o.get("ok"), o.get("error"), o.get("sha256")) {
+            (Some(Value::String(s)), _, _) => format!("ok, {} bytes", s.len()),
+            (Some(Value::Array(a)), _, _) => format!("ok, {} items", a.len()),
+            (_, Some(Value::Object(err)), _) => format!(
+                "error {} {}",
+                err.get("code").unwrap_or(&Value::Null),
+                err.get("reason").and_then(Value::as_str).unwrap_or("")
+            ),
+            (_, Some(err), _) => format!("error {err}"),
+            (_, _, Some(_)) => "a secret (redacted)".into(),
+            _ => e.answer.to_string(),
+        },
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,401 @@
+//! Record and replay of one reconcile: the request, every host call the plugin made with the answer
+//! it got, and the result. The host records to `--record-dir` (`Recorder`); `wasm-controller-manager
+//! replay FILE PLUGIN.wasm` runs a component against a recording with no cluster, answering each
+//! host call from it, and reports every call that differs.
+//!
+//! Secret values are never written: a `config.secret` answer is kept as a digest, and a replay
+//! hands the plugin a placeholder instead.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::contract::{Action, ReconcileError, Request};
+use crate::sandbox::CallError;
+
+/// The version of the file format.
+pub const FORMAT: u32 = 1;
+
+/// A recording file's largest accepted size.
+pub const MAX_RECORDING_BYTES: u64 = 64 << 20;
+
+/// One host call: what was asked, and what was answered (null for calls that return nothing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exchange {
+    pub call: String,
+    pub args: Value,
+    #[serde(default)]
+    pub answer: Value,
+}
+
+/// The request a reconcile was called with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    pub namespace: Option<String>,
+    pub name: String,
+    pub object: Option<String>,
+    pub attempt: u32,
+}
+
+impl RecordedRequest {
+    pub fn to_request(&self) -> Request {
+        Request {
+            key: crate::contract::ObjectKey {
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+            },
+            object: self.object.clone(),
+            attempt: self.attempt,
+        }
+    }
+}
+
+/// A recorded reconcile, as written to a file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Recording {
+    pub format: u32,
+    pub plugin: String,
+    /// SHA-256 of the component that ran.
+    pub sha256: String,
+    pub request: RecordedRequest,
+    pub calls: Vec<Exchange>,
+    pub result: Value,
+}
+
+impl Recording {
+    /// Reads and checks a recording file.
+    pub fn read(path: &Path) -> anyhow::Result<Recording> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        if !meta.is_file() {
+            anyhow::bail!("{} is not a file", path.display());
+        }
+        if meta.len() > MAX_RECORDING_BYTES {
+            anyhow::bail!(
+                "{} has {} bytes; a recording has at most {MAX_RECORDING_BYTES}",
+                path.display(),
+                meta.len()
+            );
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let rec: Recording = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a recording: {e}", path.display()))?;
+        if rec.format != FORMAT {
+            anyhow::bail!(
+                "{} is a recording of format {}; this host reads format {FORMAT}",
+                path.display(),
+                rec.format
+            );
+        }
+        Ok(rec)
+    }
+}
+
+/// The host calls of one call into a plugin, as they are made (recording) or answered from a
+/// recording (replaying).
+#[derive(Debug)]
+pub enum Tape {
+    Recording(Vec<Exchange>),
+    Replaying(Replay),
+}
+
+/// A replay in progress.
+#[derive(Debug, Default)]
+pub struct Replay {
+    recorded: Vec<Exchange>,
+    next: usize,
+    /// Every call the plugin made, with the answer it was given.
+    pub made: Vec<Exchange>,
+    /// What differed from the recording, in order.
+    pub differences: Vec<String>,
+}
+
+impl Tape {
+    pub fn recording() -> Tape {
+        Tape::Recording(Vec::new())
+    }
+
+    pub fn replaying(recorded: Vec<Exchange>) -> Tape {
+        Tape::Replaying(Replay {
+            recorded,
+            next: 0,
+            made: Vec::new(),
+            differences: Vec::new(),
+        })
+    }
+
+    pub fn is_replaying(&self) -> bool {
+        matches!(self, Tape::Replaying(_))
+    }
+
+    /// Replaying: the recorded answer to this call (null when the recording has no such call,
+    /// which is noted as a difference). Recording: nothing.
+    pub fn answer(&mut self, call: &str, args: &Value) -> Option<Value> {
+        let Tape::Replaying(r) = self else {
+            return None;
+        };
+        let found = r.recorded[r.next..]
+            .iter()
+            .position(|e| e.call == call && &e.args == args)
+            .map(|i| r.next + i);
+        let answer = match found {
+            Some(i) => {
+                for skipped in &r.recorded[r.next..i] {
+                    r.differences
+                        .push(format!("recorded call not made: {}", summary(skipped)));
+                }
+                r.next = i + 1;
+                r.recorded[i].answer.clone()
+            }
+            None => {
+                r.differences.push(format!(
+                    "call not in the recording: {}",
+                    summary(&Exchange {
+                        call: call.into(),
+                        args: args.clone(),
+                        answer: Value::Null,
+                    })
+                ));
+                Value::Null
+            }
+        };
+        r.made.push(Exchange {
+            call: call.into(),
+            args: args.clone(),
+            answer: answer.clone(),
+        });
+        Some(answer)
+    }
+
+    /// Recording: notes a call and its answer. Replaying: checks a call that returns nothing
+    /// (an event, a log line) against the recording.
+    pub fn note(&mut self, call: &str, args: Value, answer: Value) {
+        match self {
+            Tape::Recording(calls) => calls.push(Exchange {
+                call: call.into(),
+                args,
+                answer,
+            }),
+            Tape::Replaying(_) => {
+                self.answer(call, &args);
+            }
+        }
+    }
+
+    /// Ends a replay: recorded calls the plugin never reached are differences too.
+    pub fn finish(self) -> Option<Replay> {
+        match self {
+            Tape::Recording(_) => None,
+            Tape::Replaying(mut r) => {
+                for e in &r.recorded[r.next..] {
+                    r.differences
+                        .push(format!("recorded call not made: {}", summary(e)));
+                }
+                Some(r)
+            }
+        }
+    }
+
+    pub fn into_calls(self) -> Vec<Exchange> {
+        match self {
+            Tape::Recording(calls) => calls,
+            Tape::Replaying(r) => r.made,
+        }
+    }
+}
+
+/// One line for a call, its arguments shortened.
+pub fn summary(e: &Exchange) -> String {
+    let args = e.args.to_string();
+    let args = crate::contract::validate::truncate(&args, 300);
+    format!("{} {args}", e.call)
+}
+
+/// A reconcile's outcome as recorded.
+pub fn result_json(r: &Result<Result<Action, ReconcileError>, CallError>) -> Value {
+    match r {
+        Ok(Ok(Action::Done)) => json!({"action": "done"}),
+        Ok(Ok(Action::RequeueAfter(ms))) => json!({"action": "requeue-after", "ms": ms}),
+        Ok(Err(e)) => json!({"error": {"message": e.message, "terminal": e.terminal}}),
+        Err(e) => json!({"failure": e.to_string()}),
+    }
+}
+
+/// What the host records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RecordWhat {
+    /// Reconciles that returned an error or failed.
+    Failures,
+    /// Every reconcile.
+    All,
+}
+
+/// Writes recordings of a plugin's reconciles to `DIR/PLUGIN/`, keeping the newest `keep` of each
+/// plugin. The directory is made private to this user: recordings hold the objects the plugin saw.
+#[derive(Debug)]
+pub struct Recorder {
+    dir: PathBuf,
+    what: RecordWhat,
+    keep: usize,
+    /// Serialises writes and pruning; also numbers the files.
+    seq: Mutex<u64>,
+}
+
+impl Recorder {
+    pub fn new(dir: PathBuf, what: RecordWhat, keep: usize) -> Self {
+        Recorder {
+            dir,
+            what,
+            keep: keep.max(1),
+            seq: Mutex::new(0),
+        }
+    }
+
+    pub fn wants(&self, failed: bool) -> bool {
+        failed || self.what == RecordWhat::All
+    }
+
+    /// Writes one recording; a failure to write is logged, never passed on to the reconcile.
+    pub fn save(&self, rec: &Recording) {
+        if let Err(e) = self.write(rec) {
+            tracing::warn!(plugin = %rec.plugin, dir = %self.dir.display(), "could not write a recording: {e:#}");
+        }
+    }
+
+    fn write(&self, rec: &Recording) -> anyhow::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let mut seq = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        *seq += 1;
+        // The plugin's name is a validated DNS label; the key's parts are validated names. Still,
+        // only these characters reach a path.
+        let safe = |s: &str| -> String {
+            let out: String = s
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(120)
+                .collect();
+            // Never "", "." or "..", nor a hidden name.
+            if out.is_empty() || out.starts_with('.') {
+                format!("_{out}")
+            } else {
+                out
+            }
+        };
+        let dir = self.dir.join(safe(&rec.plugin));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let key = match &rec.request.namespace {
+            Some(ns) => format!("{}_{}", safe(ns), safe(&rec.request.name)),
+            None => safe(&rec.request.name),
+        };
+        let name = format!("{millis:015}-{:06}-{key}.json", *seq % 1_000_000);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        serde_json::to_writer_pretty(&mut file, rec)?;
+        std::io::Write::write_all(&mut file, b"\n")?;
+        std::fs::rename(&tmp, dir.join(&name))?;
+        // Keep the newest `keep`: names sort by time.
+        let mut names: Vec<_> = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+            .collect();
+        names.sort();
+        let excess = names.len().saturating_sub(self.keep);
+        for old in &names[..excess] {
+            let _ = std::fs::remove_file(dir.join(old));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ex(call: &str, n: u32) -> Exchange {
+        Exchange {
+            call: call.into(),
+            args: json!({"n": n}),
+            answer: json!(n * 10),
+        }
+    }
+
+    #[test]
+    fn a_replay_in_the_recorded_order_matches() {
+        let mut t = Tape::replaying(vec![ex("a", 1), ex("b", 2)]);
+        assert_eq!(t.answer("a", &json!({"n": 1})), Some(json!(10)));
+        assert_eq!(t.answer("b", &json!({"n": 2})), Some(json!(20)));
+        let r = t.finish().expect("replay");
+        assert!(r.differences.is_empty(), "{:?}", r.differences);
+        assert_eq!(r.made.len(), 2);
+    }
+
+    #[test]
+    fn other_calls_and_missing_calls_are_differences() {
+        let mut t = Tape::replaying(vec![ex("a", 1), ex("b", 2), ex("c", 3)]);
+        assert_eq!(t.answer("x", &json!({"n": 9})), Some(Value::Null));
+        // b is found past a: a was not made.
+        assert_eq!(t.answer("b", &json!({"n": 2})), Some(json!(20)));
+        let r = t.finish().expect("replay");
+        assert_eq!(r.differences.len(), 3, "{:?}", r.differences);
+        assert!(r.differences[0].starts_with("call not in the recording: x"));
+        assert!(r.differences[1].starts_with("recorded call not made: a"));
+        assert!(r.differences[2].starts_with("recorded call not made: c"));
+    }
+
+    #[test]
+    fn the_recorder_keeps_the_newest_files_in_a_private_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("wcm-tape-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = Recorder::new(dir.clone(), RecordWhat::All, 3);
+        for i in 0..5 {
+            r.write(&Recording {
+                format: FORMAT,
+                plugin: "p/../x".into(),
+                sha256: "s".into(),
+                request: RecordedRequest {
+                    namespace: Some("ns".into()),
+                    name: format!("o{i}"),
+                    object: None,
+                    attempt: 0,
+                },
+                calls: vec![],
+                result: json!({"action": "done"}),
+            })
+            .expect("write");
+        }
+        let sub = dir.join("p_.._x");
+        let mut names: Vec<String> = std::fs::read_dir(&sub)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names[2].ends_with("ns_o4.json"), "{names:?}");
+        let mode = std::fs::metadata(&sub).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let back = Recording::read(&sub.join(&names[2])).expect("read");
+        assert_eq!(back.request.name, "o4");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
