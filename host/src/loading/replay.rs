@@ -26,6 +26,13 @@ pub async fn replay(
     compile_cache: Option<PathBuf>,
 ) -> Result<ReplayReport> {
     let rec = Recording::read(recording)?;
+    if rec.calls_left_out > 0 {
+        anyhow::bail!(
+            "{} was cut short at its size bound ({} calls left out): it cannot be replayed whole",
+            recording.display(),
+            rec.calls_left_out
+        );
+    }
     let dir = match plugin.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

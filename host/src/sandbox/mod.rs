@@ -594,6 +594,7 @@ fn save_recording(
     if !recorder.wants(failed) {
         return;
     }
+    let (calls, calls_left_out) = tape.into_calls();
     recorder.save(&tape::Recording {
         format: tape::FORMAT,
         plugin: services.plugin_name().to_string(),
@@ -604,7 +605,8 @@ fn save_recording(
             object: req.object.clone(),
             attempt: req.attempt,
         },
-        calls: tape.into_calls(),
+        calls,
+        calls_left_out,
         result: tape::result_json(result),
     });
 }

@@ -21,6 +21,10 @@ pub const FORMAT: u32 = 1;
 /// A recording file's largest accepted size.
 pub const MAX_RECORDING_BYTES: u64 = 64 << 20;
 
+/// Bytes of calls one recording holds (arguments and answers as JSON); a plugin that makes more
+/// is recorded up to here, and the recording says it was cut short.
+pub const MAX_TAPE_BYTES: usize = 16 << 20;
+
 /// One host call: what was asked, and what was answered (null for calls that return nothing).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
@@ -61,7 +65,14 @@ pub struct Recording {
     pub sha256: String,
     pub request: RecordedRequest,
     pub calls: Vec<Exchange>,
+    /// Calls made after the recording reached its size bound, and so not in it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub calls_left_out: usize,
     pub result: Value,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Recording {
@@ -98,8 +109,17 @@ impl Recording {
 /// recording (replaying).
 #[derive(Debug)]
 pub enum Tape {
-    Recording(Vec<Exchange>),
+    Recording(Taken),
     Replaying(Replay),
+}
+
+/// The calls recorded so far, bounded by [`MAX_TAPE_BYTES`].
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub calls: Vec<Exchange>,
+    bytes: usize,
+    /// Calls left out once the bound was reached.
+    pub left_out: usize,
 }
 
 /// A replay in progress.
@@ -115,7 +135,7 @@ pub struct Replay {
 
 impl Tape {
     pub fn recording() -> Tape {
-        Tape::Recording(Vec::new())
+        Tape::Recording(Taken::default())
     }
 
     pub fn replaying(recorded: Vec<Exchange>) -> Tape {
@@ -174,11 +194,19 @@ impl Tape {
     /// (an event, a log line) against the recording.
     pub fn note(&mut self, call: &str, args: Value, answer: Value) {
         match self {
-            Tape::Recording(calls) => calls.push(Exchange {
-                call: call.into(),
-                args,
-                answer,
-            }),
+            Tape::Recording(taken) => {
+                let size = call.len() + json_len(&args) + json_len(&answer);
+                if taken.left_out > 0 || taken.bytes + size > MAX_TAPE_BYTES {
+                    taken.left_out += 1;
+                    return;
+                }
+                taken.bytes += size;
+                taken.calls.push(Exchange {
+                    call: call.into(),
+                    args,
+                    answer,
+                });
+            }
             Tape::Replaying(_) => {
                 self.answer(call, &args);
             }
@@ -199,12 +227,30 @@ impl Tape {
         }
     }
 
-    pub fn into_calls(self) -> Vec<Exchange> {
+    /// The calls, and how many were left out past the bound.
+    pub fn into_calls(self) -> (Vec<Exchange>, usize) {
         match self {
-            Tape::Recording(calls) => calls,
-            Tape::Replaying(r) => r.made,
+            Tape::Recording(t) => (t.calls, t.left_out),
+            Tape::Replaying(r) => (r.made, 0),
         }
     }
+}
+
+/// The length of a value's JSON text, without allocating it.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// One line for a call, its arguments shortened.
@@ -363,6 +409,18 @@ mod tests {
     }
 
     #[test]
+    fn a_recording_stops_at_its_bound_and_counts_what_it_left_out() {
+        let mut t = Tape::recording();
+        let big = "x".repeat(1 << 20);
+        for _ in 0..40 {
+            t.note("client.create", json!({"body": big}), json!({"ok": ""}));
+        }
+        let (calls, left_out) = t.into_calls();
+        assert!(calls.len() < 16, "{}", calls.len());
+        assert_eq!(calls.len() + left_out, 40);
+    }
+
+    #[test]
     fn the_recorder_keeps_the_newest_files_in_a_private_directory() {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("wcm-tape-test-{}", std::process::id()));
@@ -380,6 +438,7 @@ mod tests {
                     attempt: 0,
                 },
                 calls: vec![],
+                calls_left_out: 0,
                 result: json!({"action": "done"}),
             })
             .expect("write");
