@@ -294,6 +294,13 @@ impl Services {
         self.reach.as_ref()?.secrets.get(key)
     }
 
+    /// Every secret value the plugin may read (to keep them out of recordings).
+    pub(crate) fn secret_values(&self) -> impl Iterator<Item = &str> {
+        self.reach
+            .iter()
+            .flat_map(|r| r.secrets.values().map(String::as_str))
+    }
+
     /// A slot for one instance of this plugin; waits while the plugin has its maximum alive.
     pub async fn instance_permit(&self) -> Option<OwnedSemaphorePermit> {
         self.budgets.instances.clone().acquire_owned().await.ok()

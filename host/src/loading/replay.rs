@@ -113,16 +113,16 @@ fn answer_summary(e: &Exchange) -> String {
     match &e.answer {
         Value::Null => "-".into(),
         Value::String(s) => format!("{} bytes", s.len()),
-        Value::Object(o) => match (o.get("ok"), o.get("error"), o.get("sha256")) {
-            (Some(Value::String(s)), _, _) => format!("ok, {} bytes", s.len()),
-            (Some(Value::Array(a)), _, _) => format!("ok, {} items", a.len()),
-            (_, Some(Value::Object(err)), _) => format!(
+        Value::Object(o) => match (o.get("ok"), o.get("error")) {
+            (Some(Value::String(s)), _) => format!("ok, {} bytes", s.len()),
+            (Some(Value::Array(a)), _) => format!("ok, {} items", a.len()),
+            (_, Some(Value::Object(err))) => format!(
                 "error {} {}",
                 err.get("code").unwrap_or(&Value::Null),
                 err.get("reason").and_then(Value::as_str).unwrap_or("")
             ),
-            (_, Some(err), _) => format!("error {err}"),
-            (_, _, Some(_)) => "a secret (redacted)".into(),
+            (_, Some(err)) => format!("error {err}"),
+            _ if o.contains_key("placeholder") => "a secret (redacted)".into(),
             _ => e.answer.to_string(),
         },
         other => other.to_string(),

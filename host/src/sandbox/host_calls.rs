@@ -525,13 +525,13 @@ impl config::Host for CallCtx {
         // digest (so a replay can tell the recorded value changed); a replay hands a placeholder.
         if let Some(answer) = self.replayed("config.secret", &args) {
             return Ok(answer
-                .get("sha256")
+                .get("placeholder")
                 .and_then(Value::as_str)
-                .map(|d| format!("redacted-{d}")));
+                .map(str::to_string));
         }
         let out = self.services.secret(&key).cloned();
         self.taped("config.secret", args, || match &out {
-            Some(v) => json!({"sha256": crate::sandbox::sha256_hex(v.as_bytes())}),
+            Some(v) => json!({"placeholder": crate::sandbox::tape::secret_placeholder(v)}),
             None => Value::Null,
         });
         Ok(out)

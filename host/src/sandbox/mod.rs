@@ -595,7 +595,7 @@ fn save_recording(
         return;
     }
     let (calls, calls_left_out) = tape.into_calls();
-    recorder.save(&tape::Recording {
+    let mut recording = tape::Recording {
         format: tape::FORMAT,
         plugin: services.plugin_name().to_string(),
         sha256: compiled.sha256.clone(),
@@ -608,7 +608,9 @@ fn save_recording(
         calls,
         calls_left_out,
         result: tape::result_json(result),
-    });
+    };
+    recording.redact(services.secret_values());
+    recorder.save(&recording);
 }
 
 /// Calls a warm instance serves before it is replaced by a fresh one.

@@ -3,8 +3,9 @@
 //! replay FILE PLUGIN.wasm` runs a component against a recording with no cluster, answering each
 //! host call from it, and reports every call that differs.
 //!
-//! Secret values are never written: a `config.secret` answer is kept as a digest, and a replay
-//! hands the plugin a placeholder instead.
+//! Secret values are never written: a `config.secret` answer, and any occurrence of a secret value
+//! elsewhere in the recording, is written as a placeholder made from its digest, and a replay hands
+//! the plugin that placeholder, so it makes the same calls.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -260,6 +261,52 @@ pub fn summary(e: &Exchange) -> String {
     format!("{} {args}", e.call)
 }
 
+/// What a replay hands the plugin in place of a secret value, and what stands for that value
+/// wherever a recording would have held it.
+pub fn secret_placeholder(value: &str) -> String {
+    format!("redacted-{}", crate::sandbox::sha256_hex(value.as_bytes()))
+}
+
+impl Recording {
+    /// Replaces every occurrence of a secret value in the recording (a plugin may put one into a
+    /// request body or a log line) with its placeholder, so no secret is written and a replay,
+    /// which hands the plugin the placeholder, makes the same calls.
+    pub fn redact<'a>(&mut self, secrets: impl Iterator<Item = &'a str>) {
+        // Values this short would redact unrelated text; such a secret is no secret anyway.
+        let secrets: Vec<(&str, String)> = secrets
+            .filter(|s| s.len() >= 6)
+            .map(|s| (s, secret_placeholder(s)))
+            .collect();
+        if secrets.is_empty() {
+            return;
+        }
+        let scrub = |s: &mut String| {
+            for (value, placeholder) in &secrets {
+                if s.contains(value) {
+                    *s = s.replace(value, placeholder);
+                }
+            }
+        };
+        if let Some(o) = self.request.object.as_mut() {
+            scrub(o);
+        }
+        for call in &mut self.calls {
+            scrub_value(&mut call.args, &scrub);
+            scrub_value(&mut call.answer, &scrub);
+        }
+        scrub_value(&mut self.result, &scrub);
+    }
+}
+
+fn scrub_value(v: &mut Value, scrub: &impl Fn(&mut String)) {
+    match v {
+        Value::String(s) => scrub(s),
+        Value::Array(a) => a.iter_mut().for_each(|x| scrub_value(x, scrub)),
+        Value::Object(o) => o.values_mut().for_each(|x| scrub_value(x, scrub)),
+        _ => {}
+    }
+}
+
 /// A reconcile's outcome as recorded.
 pub fn result_json(r: &Result<Result<Action, ReconcileError>, CallError>) -> Value {
     match r {
@@ -406,6 +453,34 @@ mod tests {
         assert!(r.differences[0].starts_with("call not in the recording: x"));
         assert!(r.differences[1].starts_with("recorded call not made: a"));
         assert!(r.differences[2].starts_with("recorded call not made: c"));
+    }
+
+    #[test]
+    fn secret_values_never_reach_a_recording() {
+        let mut rec = Recording {
+            format: FORMAT,
+            plugin: "p".into(),
+            sha256: "s".into(),
+            request: RecordedRequest {
+                namespace: None,
+                name: "k".into(),
+                object: Some(r#"{"data":"hunter22"}"#.into()),
+                attempt: 0,
+            },
+            calls: vec![Exchange {
+                call: "client.create".into(),
+                args: json!({"body": "{\"password\":\"hunter22\"}", "list": ["a hunter22 b"]}),
+                answer: json!({"ok": "hunter22"}),
+            }],
+            calls_left_out: 0,
+            result: json!({"error": {"message": "bad hunter22", "terminal": false}}),
+        };
+        rec.redact(["hunter22", "abc"].into_iter());
+        let text = serde_json::to_string(&rec).expect("json");
+        assert!(!text.contains("hunter22"), "{text}");
+        assert!(text.contains(&secret_placeholder("hunter22")), "{text}");
+        // Too short to redact without hitting unrelated text.
+        assert!(text.contains("abc") || !text.contains(&secret_placeholder("abc")));
     }
 
     #[test]
