@@ -30,7 +30,6 @@ use common::{artifact, granted};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
 
@@ -82,50 +81,19 @@ fn native_baseline(kubeconfig: &Path) {
                 }
             }
         });
-        Controller::new(Api::<Pod>::all(client), watcher::Config::default())
-            .run(
-                |_pod: Arc<Pod>, ctx: Arc<AtomicUsize>| async move {
-                    ctx.fetch_add(1, Ordering::Relaxed);
-                    Ok::<_, kube::Error>(Action::await_change())
-                },
-                |_pod, _err, _ctx| Action::requeue(Duration::from_secs(1)),
-                count,
-            )
-            .for_each(|_| async {})
-            .await;
+        common::native_noop_controller(client, count).await;
         printer.abort();
     });
 }
 
 /// utime+stime of a process, seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
+    common::cpu_seconds_of(&pid.to_string())
 }
 
 /// Resident memory of a process, MiB.
 fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
+    common::rss_mib_of(&pid.to_string())
 }
 
 /// A running `wasm-controller-manager run`, its /metrics address and its log file.

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 use wasm_controller_manager::app::Manager;
@@ -180,20 +179,10 @@ async fn run() {
     // Phase 2: the same no-op as a native kube-runtime Controller.
     let ns2 = env.namespace("bench-native").await.expect("ns").name;
     let count = Arc::new(AtomicUsize::new(0));
-    let api: Api<Pod> = Api::all(client.clone());
-    let ctl = tokio::spawn({
-        let count = count.clone();
-        Controller::new(api, watcher::Config::default())
-            .run(
-                |_pod: Arc<Pod>, ctx: Arc<AtomicUsize>| async move {
-                    ctx.fetch_add(1, Ordering::Relaxed);
-                    Ok::<_, kube::Error>(Action::await_change())
-                },
-                |_pod, _err, _ctx| Action::requeue(Duration::from_secs(1)),
-                count,
-            )
-            .for_each(|_| async {})
-    });
+    let ctl = tokio::spawn(common::native_noop_controller(
+        client.clone(),
+        count.clone(),
+    ));
     let already = 2 * PODS;
     wait_until("native initial sync", Duration::from_secs(120), || {
         count.load(Ordering::Relaxed) >= already

@@ -16,7 +16,12 @@ use wasm_controller_manager::sandbox::Limits;
 
 /// utime+stime of this process, seconds.
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_seconds_of("self")
+}
+
+/// utime+stime of a process (`"self"` or a pid), seconds.
+pub fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
@@ -35,7 +40,12 @@ pub fn cpu_seconds() -> f64 {
 
 /// Resident memory of this process, MiB.
 pub fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    rss_mib_of("self")
+}
+
+/// Resident memory of a process (`"self"` or a pid), MiB.
+pub fn rss_mib_of(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -66,6 +76,32 @@ pub fn artifact(name: &str) -> PathBuf {
             dir.display()
         )
     })
+}
+
+/// The native baseline: a kube-runtime `Controller` over every Pod with a no-op reconcile that
+/// counts its calls in `count`.
+pub fn native_noop_controller(
+    client: kube::Client,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> impl std::future::Future<Output = ()> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::controller::{Action, Controller};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    Controller::new(
+        kube::Api::<Pod>::all(client),
+        kube::runtime::watcher::Config::default(),
+    )
+    .run(
+        |_pod: Arc<Pod>, ctx: Arc<AtomicUsize>| async move {
+            ctx.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, kube::Error>(Action::await_change())
+        },
+        |_pod, _err, _ctx| Action::requeue(Duration::from_secs(1)),
+        count,
+    )
+    .for_each(|_| async {})
 }
 
 /// A metric's value summed over the series whose labels include all of `labels`.

@@ -23,24 +23,15 @@ pub struct Described {
     exports: Vec<String>,
 }
 
-/// Compiles and describes a plugin file without a cluster (its NAME.toml's config and name apply).
-pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Result<Described> {
+/// A runtime for one offline command, and the plugin file compiled in it.
+pub(crate) fn compile_file(
+    path: &Path,
+    compile_cache: Option<PathBuf>,
+) -> Result<(Runtime, Compiled)> {
     // Read as the loader reads its directory: regular files only (a FIFO or a device is refused,
     // not read), inside the file's own directory, size-capped.
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let bytes = files::read_plugin_file(dir, path, MAX_FILE_BYTES)
+    let bytes = files::read_plugin_file(dir_of(path), path, MAX_FILE_BYTES)
         .map_err(|e| anyhow::anyhow!("read {}: {e}", path.display()))?;
-    let settings_path = path.with_extension("toml");
-    let settings = match files::read_settings_file(dir, &settings_path, 64 << 10)
-        .map_err(|e| anyhow::anyhow!("read {}: {e}", settings_path.display()))?
-    {
-        Some(text) => PluginSettings::parse(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", settings_path.display()))?,
-        None => PluginSettings::default(),
-    };
     let runtime = Runtime::new(RuntimeSettings {
         max_instances: 4,
         compile_cache,
@@ -49,6 +40,28 @@ pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Resul
     let compiled = runtime
         .compile(&bytes)
         .with_context(|| format!("{} is not a usable plugin", path.display()))?;
+    Ok((runtime, compiled))
+}
+
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Compiles and describes a plugin file without a cluster (its NAME.toml's config and name apply).
+pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Result<Described> {
+    let dir = dir_of(path);
+    let settings_path = path.with_extension("toml");
+    let settings = match files::read_settings_file(dir, &settings_path, 64 << 10)
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", settings_path.display()))?
+    {
+        Some(text) => PluginSettings::parse(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", settings_path.display()))?,
+        None => PluginSettings::default(),
+    };
+    let (runtime, compiled) = compile_file(path, compile_cache)?;
     let engine = runtime.engine();
     let ty = compiled.component.component_type();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
@@ -73,7 +86,7 @@ pub async fn describe_file(path: &Path, compile_cache: Option<PathBuf>) -> Resul
 }
 
 /// Largest plugin file these commands read (as `run --max-plugin-bytes`' default).
-pub(crate) const MAX_FILE_BYTES: u64 = 64 << 20;
+const MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// Loads, compiles and describes a plugin; returns the report as text (or JSON).
 pub async fn inspect(path: &Path, json: bool) -> Result<String> {

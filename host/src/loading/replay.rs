@@ -4,12 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::{Value, json};
 
-use crate::loading::files;
 use crate::sandbox::tape::{Exchange, Recording, summary};
-use crate::sandbox::{Limits, Runtime, RuntimeSettings};
+use crate::sandbox::Limits;
 
 /// What a replay found.
 pub struct ReplayReport {
@@ -33,20 +32,7 @@ pub async fn replay(
             rec.calls_left_out
         );
     }
-    let dir = match plugin.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let bytes = files::read_plugin_file(dir, plugin, super::inspect::MAX_FILE_BYTES)
-        .map_err(|e| anyhow::anyhow!("read {}: {e}", plugin.display()))?;
-    let runtime = Runtime::new(RuntimeSettings {
-        max_instances: 4,
-        compile_cache,
-        ..Default::default()
-    })?;
-    let compiled = runtime
-        .compile(&bytes)
-        .with_context(|| format!("{} is not a usable plugin", plugin.display()))?;
+    let (runtime, compiled) = super::inspect::compile_file(plugin, compile_cache)?;
     let (result, replay) = runtime.replay(&compiled, &rec, &Limits::default()).await;
     let mut differences = replay.differences.clone();
     if result != rec.result {
