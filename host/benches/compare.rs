@@ -26,12 +26,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{artifact, granted};
+use common::{artifact, create_pod, create_pods, granted};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::watcher;
-use serde_json::json;
 
 const PODS: usize = 2000;
 const CONCURRENCY: usize = 32;
@@ -231,31 +230,6 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     Some(body.split_once("\r\n\r\n")?.1.to_string())
 }
 
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": "bench", "tier": "load"}},
-        "spec": {"containers": [{"name": "c", "image": "registry.invalid/bench:1",
-            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
-    }))
-    .expect("static pod")
-}
-
-/// Creates `n` pods with `concurrency` requests in flight.
-async fn create_pods(client: &kube::Client, ns: &str, n: usize, concurrency: usize) -> Duration {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let start = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let api = api.clone();
-            async move { create_one(&api, &format!("p-{i}")).await }
-        })
-        .buffer_unordered(concurrency)
-        .collect::<Vec<_>>()
-        .await;
-    start.elapsed()
-}
-
 /// Creates `n` pods named `prefix-i` at a steady `per_second`; returns the time it took.
 async fn create_paced(
     client: &kube::Client,
@@ -272,25 +246,12 @@ async fn create_paced(
         tick.tick().await;
         let api = api.clone();
         let name = format!("{prefix}-{i}");
-        creates.push(tokio::spawn(async move { create_one(&api, &name).await }));
+        creates.push(tokio::spawn(async move { create_pod(&api, &name).await }));
     }
     for c in creates {
         let _ = c.await;
     }
     start.elapsed()
-}
-
-async fn create_one(api: &Api<Pod>, name: &str) {
-    for attempt in 0..5 {
-        match api.create(&PostParams::default(), &pod(name)).await {
-            Ok(_) => return,
-            Err(e) if attempt < 4 => {
-                eprintln!("create {name}: {e}; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("create {name}: {e}"),
-        }
-    }
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -452,7 +413,7 @@ async fn run() {
         let created = if paced {
             create_paced(&client, &ns, "p", PODS, PACED_PER_SECOND).await
         } else {
-            create_pods(&client, &ns, PODS, CONCURRENCY).await
+            create_pods(&client, &ns, "p", PODS, CONCURRENCY).await
         };
         let more = ((i + 1) * PODS) as f64;
         wait_until(

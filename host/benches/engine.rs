@@ -12,13 +12,16 @@
 
 mod common;
 
-use common::{artifact, cpu_seconds, diff_histogram, granted, histogram_quantile, metric, rss_mib};
+use common::{
+    artifact, cpu_seconds, create_pods, diff_histogram, granted, histogram_quantile, metric, pod,
+    rss_mib,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -49,50 +52,6 @@ static ALLOC: Counting = Counting;
 
 fn live_mib() -> f64 {
     LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
-}
-
-/// utime+stime of this process, seconds.
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": "bench", "tier": "load"}},
-        "spec": {"containers": [{"name": "c", "image": "registry.invalid/bench:1",
-            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
-    }))
-    .expect("static pod")
-}
-
-/// Creates `n` pods with `concurrency` requests in flight; returns the wall time.
-async fn create_pods(
-    client: &kube::Client,
-    ns: &str,
-    prefix: &str,
-    n: usize,
-    concurrency: usize,
-) -> Duration {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let start = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let api = api.clone();
-            let name = format!("{prefix}-{i}");
-            async move {
-                for attempt in 0..5 {
-                    match api.create(&PostParams::default(), &pod(&name)).await {
-                        Ok(_) => return,
-                        Err(e) if attempt < 4 => {
-                            eprintln!("create {name}: {e}; retrying");
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                        Err(e) => panic!("create {name}: {e}"),
-                    }
-                }
-            }
-        })
-        .buffer_unordered(concurrency)
-        .collect::<Vec<_>>()
-        .await;
-    start.elapsed()
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {

@@ -104,6 +104,53 @@ pub fn native_noop_controller(
     .for_each(|_| async {})
 }
 
+/// The benchmarks' Pod: one container with env and resources (a typical small Pod).
+pub fn pod(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app": "bench", "tier": "load"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/bench:1",
+            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    }))
+    .expect("static pod")
+}
+
+/// Creates one Pod, retrying a few times (the API server on 2 shared cores sometimes times out).
+pub async fn create_pod(api: &kube::Api<k8s_openapi::api::core::v1::Pod>, name: &str) {
+    for attempt in 0..5 {
+        match api.create(&Default::default(), &pod(name)).await {
+            Ok(_) => return,
+            Err(e) if attempt < 4 => {
+                eprintln!("create {name}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("create {name}: {e}"),
+        }
+    }
+}
+
+/// Creates `n` Pods named `prefix-i` with `concurrency` requests in flight; returns the wall time.
+pub async fn create_pods(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    n: usize,
+    concurrency: usize,
+) -> Duration {
+    use futures::StreamExt;
+    let api = kube::Api::namespaced(client.clone(), ns);
+    let start = std::time::Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move { create_pod(&api, &format!("{prefix}-{i}")).await }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    start.elapsed()
+}
+
 /// A metric's value summed over the series whose labels include all of `labels`.
 pub fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
     testenv::sum_metric(&m.metrics.encode(), name, labels)

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use crate::sandbox::tape::{Exchange, Recording, summary};
 use crate::sandbox::Limits;
+use crate::sandbox::tape::{Exchange, Recording, summary};
 
 /// What a replay found.
 pub struct ReplayReport {
