@@ -209,7 +209,8 @@ impl Runtime {
     /// How pooled memories are reset between instances, for the start-up log.
     pub fn memory_reset(&self) -> String {
         match &self.pagemap_reset {
-            Ok(()) => "written pages only (PAGEMAP_SCAN)".into(),
+            // wasmtime falls back to memset by itself where the ioctl is refused at run time.
+            Ok(()) => "written pages only (PAGEMAP_SCAN, where the kernel allows the scan)".into(),
             Err(why) => format!("memset of the kept-resident bytes ({why})"),
         }
     }
@@ -610,7 +611,9 @@ fn save_recording(
         result: tape::result_json(result),
     };
     recording.redact(services.secret_values());
-    recorder.save(&recording);
+    // A recording can be megabytes: written off the async threads.
+    let recorder = recorder.clone();
+    tokio::task::spawn_blocking(move || recorder.save(&recording));
 }
 
 /// Calls a warm instance serves before it is replaced by a fresh one.
