@@ -131,7 +131,91 @@ async fn the_network_plugin_against_real_neutron_and_keystone() -> Result<()> {
     networks_follow_their_spec_in_neutron(&os).await?;
     restarts_and_outages_converge_without_duplicates(&os).await?;
     rotated_credentials_are_picked_up_without_a_restart(&os).await?;
-    a_host_killed_mid_burst_leaves_no_duplicates(&os).await
+    a_host_killed_mid_burst_leaves_no_duplicates(&os).await?;
+    a_reconcile_recorded_against_neutron_replays_offline(&os).await
+}
+
+/// The reconcile that created a network, recorded against the real Neutron and Keystone (HTTP
+/// included), replays offline to the same calls and result; no credential is in the file.
+async fn a_reconcile_recorded_against_neutron_replays_offline(os: &OpenStack) -> Result<()> {
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("net-replay").await?;
+    let dir = temp_dir("network-replay")?;
+    install_network(&dir, os, &ns.name, &client).await?;
+    // A fresh instance per call, so each recording holds all the plugin used (its token too).
+    let toml = dir.join("network.toml");
+    let settings = std::fs::read_to_string(&toml)?;
+    anyhow::ensure!(settings.contains("isolation = \"worker\""), "{settings}");
+    std::fs::write(
+        &toml,
+        settings.replace("isolation = \"worker\"", "isolation = \"call\""),
+    )?;
+    let records = temp_dir("network-records")?;
+    let mut cfg = network_config(&dir);
+    cfg.record = Some((
+        records.clone(),
+        wasm_controller_manager::sandbox::tape::RecordWhat::All,
+    ));
+    let manager = start_manager(cfg).await?;
+    let api = networks_api(&client, &ns.name);
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(network("teal", "10.60.0.0/24", "10.60.0.1"))?,
+    )
+    .await?;
+    wait_network(
+        &api,
+        "teal",
+        "teal Ready",
+        Duration::from_secs(60),
+        is_ready_for,
+    )
+    .await?;
+    manager.stop().await;
+
+    // The recording whose HTTP created the network in Neutron.
+    let suffix = format!("-{}_teal.json", ns.name);
+    let mut files: Vec<_> = std::fs::read_dir(records.join("network"))?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.to_string_lossy().ends_with(&suffix))
+        .collect();
+    files.sort();
+    let mut creating = None;
+    for f in files {
+        let rec: Value = serde_json::from_str(&std::fs::read_to_string(&f)?)?;
+        let creates = rec["http"].as_array().is_some_and(|h| {
+            h.iter().any(|x| {
+                x["args"]["method"] == "POST"
+                    && x["args"]["uri"]
+                        .as_str()
+                        .is_some_and(|u| u.ends_with("/v2.0/networks"))
+            })
+        });
+        if creates {
+            creating = Some(f);
+            break;
+        }
+    }
+    let file = creating.context("no recording of the reconcile that created the network")?;
+    let raw = std::fs::read_to_string(&file)?;
+    let info = os.info();
+    assert!(
+        !raw.contains(&info.application_credential_secret),
+        "a credential reached the recording"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("replay")
+        .arg(&file)
+        .arg(dir.join("network.wasm"))
+        .env_remove("KUBECONFIG")
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("http.request"), "{text}");
+    assert!(text.contains("same calls and result as recorded"), "{text}");
+    Ok(())
 }
 
 async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {

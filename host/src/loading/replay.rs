@@ -71,6 +71,9 @@ pub async fn replay(
             out += &format!(", not the build that was recorded ({})", rec.sha256);
         }
         out += "\n";
+        if rec.reused_instance {
+            out += "note: recorded in an instance that had served earlier calls; what it kept from them (a cached token, say) is not in the recording, and may make the replay differ\n";
+        }
         out += &format!("calls ({}):\n", replay.made.len());
         for (i, call) in replay.made.iter().enumerate() {
             out += &format!(

@@ -1,7 +1,7 @@
 //! The state of one call into a plugin: WASI with nothing granted, memory limits, host-call
 //! accounting and the plugin's captured stdout/stderr.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
@@ -11,7 +11,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::guest_clock::GuestClock;
 use super::http::HttpPolicy;
-use super::tape::Tape;
+use super::tape::{ClockTape, Tape, Tapes};
 
 use crate::cluster::services::Services;
 
@@ -69,6 +69,8 @@ pub struct CallCtx {
     http_policy: HttpPolicy,
     /// Host calls being recorded, or answered from a recording (`tape.rs`).
     pub(crate) tape: Option<Tape>,
+    /// The guest's wall-clock readings, while recording or replaying.
+    clock_tape: Option<Arc<Mutex<ClockTape>>>,
 }
 
 impl CallCtx {
@@ -81,14 +83,7 @@ impl CallCtx {
         );
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
-        // Nothing ambient: no preopened directories, no environment, no network, no args.
-        let wasi = WasiCtxBuilder::new()
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+        let wasi = wasi_ctx(&stdout, &stderr, None);
         CallCtx {
             wasi,
             table: {
@@ -121,7 +116,46 @@ impl CallCtx {
             },
             http_policy,
             tape: None,
+            clock_tape: None,
         }
+    }
+
+    /// Records (or replays) this call's host calls and outbound HTTP. A replay runs at the
+    /// recorded time: the guest's wall clock starts where the recorded call's did.
+    pub(crate) fn set_tapes(&mut self, tapes: Option<Tapes>) {
+        match tapes {
+            Some(t) => {
+                self.wasi = wasi_ctx(&self.stdout, &self.stderr, Some(t.clock.clone()));
+                self.clock_tape = Some(t.clock);
+                self.tape = Some(t.calls);
+                self.http_policy.tape = Some(t.http);
+            }
+            None => {
+                if self.clock_tape.take().is_some() {
+                    self.wasi = wasi_ctx(&self.stdout, &self.stderr, None);
+                }
+                self.tape = None;
+                self.http_policy.tape = None;
+            }
+        }
+    }
+
+    /// The call's tapes (host calls, HTTP, clock readings), if it had them.
+    pub(crate) fn take_tapes(&mut self) -> Option<(Tape, Tape, Vec<u64>)> {
+        let calls = self.tape.take()?;
+        let http = self
+            .http_policy
+            .tape
+            .take()
+            .map_or_else(Tape::recording, Tapes::take_http);
+        let clock = self
+            .clock_tape
+            .as_ref()
+            .map(|c| {
+                std::mem::take(&mut *c.lock().unwrap_or_else(|p| p.into_inner())).into_readings()
+            })
+            .unwrap_or_default();
+        Some((calls, http, clock))
     }
 
     /// Resets the per-call accounting before a call into a reused instance.
@@ -229,6 +263,38 @@ impl CallCtx {
                 }
             }
         }
+    }
+}
+
+/// WASI with nothing ambient: no preopened directories, no environment, no network, no args;
+/// the host's wall clock, or one that starts at `start` (a replay).
+fn wasi_ctx(
+    stdout: &MemoryOutputPipe,
+    stderr: &MemoryOutputPipe,
+    clock: Option<Arc<Mutex<ClockTape>>>,
+) -> WasiCtx {
+    let mut b = WasiCtxBuilder::new();
+    b.stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    if let Some(clock) = clock {
+        b.wall_clock(TapedClock(clock));
+    }
+    b.build()
+}
+
+/// The wall clock while recording (readings kept) or replaying (readings handed back).
+struct TapedClock(Arc<Mutex<ClockTape>>);
+
+impl wasmtime_wasi::HostWallClock for TapedClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_nanos(1)
+    }
+
+    fn now(&self) -> Duration {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).now()
     }
 }
 

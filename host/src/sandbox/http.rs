@@ -25,6 +25,7 @@ use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::metrics::Metrics;
+use crate::sandbox::tape::Tape;
 
 /// Requests one call may make, unless [`HttpPolicy::max_requests`] says otherwise.
 pub const DEFAULT_MAX_REQUESTS: u32 = 100;
@@ -547,6 +548,8 @@ pub struct HttpPolicy {
     pub max_requests: u32,
     requests: u32,
     report: Reporter,
+    /// Requests being recorded, or answered from a recording (`tape.rs`).
+    pub(crate) tape: Option<Arc<Mutex<Tape>>>,
 }
 
 impl HttpPolicy {
@@ -570,6 +573,7 @@ impl HttpPolicy {
                 metrics,
                 log,
             },
+            tape: None,
         }
     }
 
@@ -638,6 +642,21 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = Response> + Send> {
         _ = fut;
+        let tape = self.tape.clone();
+        if let Some(tape) = tape.clone()
+            && tape.lock().is_ok_and(|t| t.is_replaying())
+        {
+            // A replay reaches no network: the recorded answer, or an error where there is none.
+            return Box::new(async move {
+                let (args, _) = taped_request(request).await?;
+                let answer = tape
+                    .lock()
+                    .ok()
+                    .and_then(|mut t| t.answer(HTTP_CALL, &args))
+                    .unwrap_or_default();
+                recorded_response(&answer)
+            });
+        }
         // Escaped and truncated once: it only goes into log lines.
         let authority = for_log(request.uri().authority().map_or("", |a| a.as_str()));
         let target = match self.admit(&request) {
@@ -662,9 +681,130 @@ impl WasiHttpHooks for HttpPolicy {
                     return Err(Error::DestinationIpProhibited);
                 }
             };
-            send(request, &target, &addrs, timeouts).await
+            let Some(tape) = tape else {
+                return send(request, &target, &addrs, timeouts).await;
+            };
+            // Recorded: the bodies are read whole, so what was sent and answered can be written.
+            let (args, request) = taped_request(request).await?;
+            let (response, io) = send(request, &target, &addrs, timeouts).await?;
+            // The connection must be driven while the body is read; once it is read whole the
+            // connection has nothing more to give.
+            let driver = tokio::spawn(Box::into_pin(io));
+            let taped = taped_response(response).await;
+            driver.abort();
+            let (answer, response) = taped?;
+            if let Ok(mut t) = tape.lock() {
+                t.note(HTTP_CALL, args, answer);
+            }
+            Ok((
+                response,
+                Box::new(async { Ok(()) }) as Box<dyn Future<Output = _> + Send>,
+            ))
         })
     }
+}
+
+/// The name of an outbound request in a recording.
+const HTTP_CALL: &str = "http.request";
+
+/// Bodies read whole while recording.
+const MAX_TAPED_REQUEST_BODY: usize = 4 << 20;
+const MAX_TAPED_RESPONSE_BODY: usize = 16 << 20;
+
+/// Headers whose values are credentials: recorded (and compared) as "redacted".
+const CREDENTIAL_HEADERS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-auth-token",
+    "x-subject-token",
+];
+
+fn headers_json(headers: &http::HeaderMap) -> serde_json::Value {
+    let pairs: Vec<(String, String)> = headers
+        .iter()
+        // Follows from the body, which a recording may have redacted: left out, and made again
+        // from the body a replay hands back.
+        .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
+        .map(|(k, v)| {
+            let value = if CREDENTIAL_HEADERS.contains(&k.as_str()) {
+                "redacted".to_string()
+            } else {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            };
+            (k.as_str().to_string(), value)
+        })
+        .collect();
+    serde_json::json!(pairs)
+}
+
+fn full_body(bytes: Bytes) -> WasiBody {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A request as recorded, and the same request with its body read whole.
+async fn taped_request(
+    request: http::Request<WasiBody>,
+) -> Result<(serde_json::Value, http::Request<WasiBody>), Error> {
+    use http_body_util::BodyExt;
+    let (parts, body) = request.into_parts();
+    let bytes = http_body_util::Limited::new(body, MAX_TAPED_REQUEST_BODY)
+        .collect()
+        .await
+        .map_err(|_| Error::HttpRequestBodySize(None))?
+        .to_bytes();
+    let args = serde_json::json!({
+        "method": parts.method.as_str(),
+        "uri": parts.uri.to_string(),
+        "headers": headers_json(&parts.headers),
+        "body": String::from_utf8_lossy(&bytes),
+    });
+    Ok((args, http::Request::from_parts(parts, full_body(bytes))))
+}
+
+/// A response as recorded, and the same response with its body read whole.
+async fn taped_response(
+    response: http::Response<WasiBody>,
+) -> Result<(serde_json::Value, http::Response<WasiBody>), Error> {
+    use http_body_util::BodyExt;
+    let (parts, body) = response.into_parts();
+    let bytes = http_body_util::Limited::new(body, MAX_TAPED_RESPONSE_BODY)
+        .collect()
+        .await
+        .map_err(|_| Error::HttpResponseBodySize(None))?
+        .to_bytes();
+    let answer = serde_json::json!({
+        "status": parts.status.as_u16(),
+        "headers": headers_json(&parts.headers),
+        "body": String::from_utf8_lossy(&bytes),
+    });
+    Ok((answer, http::Response::from_parts(parts, full_body(bytes))))
+}
+
+/// The recorded response to a replayed request; a request not in the recording is refused.
+fn recorded_response(answer: &serde_json::Value) -> Response {
+    let Some(status) = answer["status"].as_u64() else {
+        return Err(Error::ConnectionRefused);
+    };
+    let mut builder = http::Response::builder()
+        .status(u16::try_from(status).map_err(|_| Error::HttpProtocolError)?);
+    for pair in answer["headers"].as_array().into_iter().flatten() {
+        if let (Some(k), Some(v)) = (pair[0].as_str(), pair[1].as_str()) {
+            builder = builder.header(k, v);
+        }
+    }
+    let body = answer["body"].as_str().unwrap_or_default().to_string();
+    let response = builder
+        .body(full_body(Bytes::from(body)))
+        .map_err(|_| Error::HttpProtocolError)?;
+    Ok((
+        response,
+        Box::new(async { Ok(()) }) as Box<dyn Future<Output = _> + Send>,
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ use wasmtime::{
 use crate::contract::{self as bindings, Action, Description, ReconcileError, Request};
 pub use call_ctx::{CallCtx, Limits};
 pub use compile_cache::sha256_hex;
-use tape::Tape;
+use tape::{Tape, Tapes};
 
 use crate::cluster::services::Services;
 
@@ -277,7 +277,8 @@ impl Runtime {
         limits: &Limits,
         req: &Request,
     ) -> Result<Result<Action, ReconcileError>, CallError> {
-        let tape = services.recorder.as_ref().map(|_| Tape::recording());
+        let tape = services.recorder.as_ref().map(|_| Tapes::recording());
+        let started_at = std::time::SystemTime::now();
         let (result, tape) = self
             .call(
                 compiled,
@@ -292,7 +293,7 @@ impl Runtime {
                 },
             )
             .await;
-        save_recording(&services, compiled, req, tape, &result);
+        save_recording(&services, compiled, req, tape, &result, started_at, false);
         result
     }
 
@@ -314,7 +315,7 @@ impl Runtime {
                 compiled,
                 services,
                 limits,
-                Some(Tape::replaying(recording.calls.clone())),
+                Some(Tapes::replaying(recording)),
                 async |plugin, store| {
                     plugin
                         .wcm_reconciler_reconciler()
@@ -323,7 +324,15 @@ impl Runtime {
                 },
             )
             .await;
-        let replay = tape.and_then(Tape::finish).unwrap_or_default();
+        let (mut replay, http) = match tape {
+            Some((calls, http, _)) => (
+                calls.finish().unwrap_or_default(),
+                http.finish().unwrap_or_default(),
+            ),
+            None => Default::default(),
+        };
+        replay.made.extend(http.made);
+        replay.differences.extend(http.differences);
         (tape::result_json(&result), replay)
     }
 
@@ -376,15 +385,15 @@ impl Runtime {
         compiled: &Compiled,
         services: Arc<Services>,
         limits: &Limits,
-        tape: Option<Tape>,
+        tapes: Option<Tapes>,
         f: impl AsyncFnOnce(&bindings::Plugin, &mut Store<CallCtx>) -> wasmtime::Result<R>,
-    ) -> (Result<R, CallError>, Option<Tape>) {
+    ) -> (Result<R, CallError>, Option<(Tape, Tape, Vec<u64>)>) {
         let plugin_name = services.plugin_name().to_string();
         // Held for the instance's life: one plugin cannot take the whole pool.
         services.budgets.cpu_turn().await;
         let _permit = services.instance_permit().await;
         let mut store = self.new_store(services.clone(), limits);
-        store.data_mut().tape = tape;
+        store.data_mut().set_tapes(tapes);
         if let Some(m) = services.metrics() {
             m.instantiated(&plugin_name);
         }
@@ -410,8 +419,8 @@ impl Runtime {
 
         // The whole run counts, its part after the last tick too: most calls end before any tick.
         services.budgets.charge_cpu(store.data().guest_time());
-        let tape = store.data_mut().tape.take();
-        (finish(&mut store, &plugin_name, result), tape)
+        let tapes = store.data_mut().take_tapes();
+        (finish(&mut store, &plugin_name, result), tapes)
     }
 
     /// Calls `reconcile` in the worker's warm instance, making one if there is none (opt-in
@@ -466,7 +475,11 @@ impl Runtime {
             }
         };
         warm.store.data_mut().begin_call();
-        warm.store.data_mut().tape = services.recorder.as_ref().map(|_| Tape::recording());
+        warm.store
+            .data_mut()
+            .set_tapes(services.recorder.as_ref().map(|_| Tapes::recording()));
+        let started_at = std::time::SystemTime::now();
+        let reused = warm.calls > 0;
         warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
         let clock = warm.store.data().clock.clone();
@@ -486,8 +499,8 @@ impl Runtime {
         drop(running);
         services.budgets.charge_cpu(warm.store.data().guest_time());
         let result = finish(&mut warm.store, &plugin_name, result);
-        let tape = warm.store.data_mut().tape.take();
-        save_recording(&services, compiled, req, tape, &result);
+        let tapes = warm.store.data_mut().take_tapes();
+        save_recording(&services, compiled, req, tapes, &result, started_at, reused);
         warm.calls += 1;
         // Recycle now and then: bounded output buffers, and no heap grown without bound.
         let recycle =
@@ -585,10 +598,12 @@ fn save_recording(
     services: &Services,
     compiled: &Compiled,
     req: &Request,
-    tape: Option<Tape>,
+    tapes: Option<(Tape, Tape, Vec<u64>)>,
     result: &Result<Result<Action, ReconcileError>, CallError>,
+    started_at: std::time::SystemTime,
+    reused_instance: bool,
 ) {
-    let (Some(recorder), Some(tape)) = (services.recorder.as_ref(), tape) else {
+    let (Some(recorder), Some((tape, http, clock))) = (services.recorder.as_ref(), tapes) else {
         return;
     };
     let failed = !matches!(result, Ok(Ok(_)));
@@ -596,10 +611,17 @@ fn save_recording(
         return;
     }
     let (calls, calls_left_out) = tape.into_calls();
+    let (http, http_left_out) = http.into_calls();
     let mut recording = tape::Recording {
         format: tape::FORMAT,
         plugin: services.plugin_name().to_string(),
         sha256: compiled.sha256.clone(),
+        started_at_ms: started_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| u64::try_from(d.as_millis()).ok()),
+        clock,
+        reused_instance,
         request: tape::RecordedRequest {
             namespace: req.key.namespace.clone(),
             name: req.key.name.clone(),
@@ -607,7 +629,8 @@ fn save_recording(
             attempt: req.attempt,
         },
         calls,
-        calls_left_out,
+        http,
+        calls_left_out: calls_left_out + http_left_out,
         result: tape::result_json(result),
     };
     recording.redact(services.secret_values());

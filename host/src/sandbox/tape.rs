@@ -8,7 +8,7 @@
 //! the plugin that placeholder, so it makes the same calls.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -64,8 +64,22 @@ pub struct Recording {
     pub plugin: String,
     /// SHA-256 of the component that ran.
     pub sha256: String,
+    /// When the call started (Unix milliseconds).
+    #[serde(default)]
+    pub started_at_ms: Option<u64>,
+    /// The guest's wall-clock readings, in order (Unix nanoseconds); a replay hands them back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clock: Vec<u64>,
+    /// The call ran in an instance that had served earlier calls (`isolation = "worker"`): state
+    /// it kept from them (a cached token, say) is not in the recording.
+    #[serde(default)]
+    pub reused_instance: bool,
     pub request: RecordedRequest,
     pub calls: Vec<Exchange>,
+    /// Outbound HTTP requests and their responses, in the order they were sent (matched in that
+    /// order, apart from the host calls).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<Exchange>,
     /// Calls made after the recording reached its size bound, and so not in it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub calls_left_out: usize,
@@ -103,6 +117,100 @@ impl Recording {
             );
         }
         Ok(rec)
+    }
+}
+
+/// The two tapes of one call: host calls, and outbound HTTP (which the HTTP client's hooks reach
+/// from futures of their own, so it is shared).
+pub struct Tapes {
+    pub calls: Tape,
+    pub http: Arc<Mutex<Tape>>,
+    /// The guest's wall-clock readings: recorded, or played back.
+    pub clock: Arc<Mutex<ClockTape>>,
+}
+
+/// Most wall-clock readings one recording keeps.
+const MAX_CLOCK_READINGS: usize = 10_000;
+
+/// The guest's wall-clock readings (nanoseconds since the Unix epoch). Recording: each reading is
+/// kept. Replaying: the recorded readings are handed back in order, then the last one moves on with
+/// real time. So a plugin that writes the time (a condition's `lastTransitionTime`) replays the same.
+#[derive(Debug, Default)]
+pub struct ClockTape {
+    replaying: bool,
+    readings: Vec<u64>,
+    next: usize,
+    /// Replaying, past the recorded readings: the last one, and when it was handed out.
+    last: Option<(u64, std::time::Instant)>,
+}
+
+impl ClockTape {
+    /// A reading of the wall clock.
+    pub fn now(&mut self) -> std::time::Duration {
+        let real = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+        };
+        if !self.replaying {
+            let now = real();
+            if self.readings.len() < MAX_CLOCK_READINGS {
+                self.readings
+                    .push(u64::try_from(now.as_nanos()).unwrap_or(u64::MAX));
+            }
+            return now;
+        }
+        if let Some(&r) = self.readings.get(self.next) {
+            self.next += 1;
+            self.last = Some((r, std::time::Instant::now()));
+            return std::time::Duration::from_nanos(r);
+        }
+        match self.last {
+            Some((r, at)) => std::time::Duration::from_nanos(r) + at.elapsed(),
+            None => real(),
+        }
+    }
+
+    pub fn into_readings(self) -> Vec<u64> {
+        self.readings
+    }
+}
+
+impl Tapes {
+    pub fn recording() -> Tapes {
+        Tapes {
+            calls: Tape::recording(),
+            http: Arc::new(Mutex::new(Tape::recording())),
+            clock: Arc::default(),
+        }
+    }
+
+    pub fn replaying(rec: &Recording) -> Tapes {
+        Tapes {
+            calls: Tape::replaying(rec.calls.clone()),
+            http: Arc::new(Mutex::new(Tape::replaying(rec.http.clone()))),
+            clock: Arc::new(Mutex::new(ClockTape {
+                replaying: true,
+                readings: rec.clock.clone(),
+                ..ClockTape::default()
+            })),
+        }
+    }
+
+    /// The HTTP tape, out of its sharing (a request the guest abandoned may still hold it).
+    pub fn take_http(http: Arc<Mutex<Tape>>) -> Tape {
+        match Arc::try_unwrap(http) {
+            Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
+            Err(shared) => {
+                let mut t = shared.lock().unwrap_or_else(|p| p.into_inner());
+                let empty = if t.is_replaying() {
+                    Tape::replaying(Vec::new())
+                } else {
+                    Tape::recording()
+                };
+                std::mem::replace(&mut *t, empty)
+            }
+        }
     }
 }
 
@@ -290,7 +398,7 @@ impl Recording {
         if let Some(o) = self.request.object.as_mut() {
             scrub(o);
         }
-        for call in &mut self.calls {
+        for call in self.calls.iter_mut().chain(self.http.iter_mut()) {
             scrub_value(&mut call.args, &scrub);
             scrub_value(&mut call.answer, &scrub);
         }
@@ -461,6 +569,9 @@ mod tests {
             format: FORMAT,
             plugin: "p".into(),
             sha256: "s".into(),
+            started_at_ms: None,
+            clock: vec![],
+            reused_instance: false,
             request: RecordedRequest {
                 namespace: None,
                 name: "k".into(),
@@ -471,6 +582,11 @@ mod tests {
                 call: "client.create".into(),
                 args: json!({"body": "{\"password\":\"hunter22\"}", "list": ["a hunter22 b"]}),
                 answer: json!({"ok": "hunter22"}),
+            }],
+            http: vec![Exchange {
+                call: "http.request".into(),
+                args: json!({"body": "secret=hunter22"}),
+                answer: json!({"status": 200}),
             }],
             calls_left_out: 0,
             result: json!({"error": {"message": "bad hunter22", "terminal": false}}),
@@ -506,6 +622,9 @@ mod tests {
                 format: FORMAT,
                 plugin: "p/../x".into(),
                 sha256: "s".into(),
+                started_at_ms: None,
+                clock: vec![],
+                reused_instance: false,
                 request: RecordedRequest {
                     namespace: Some("ns".into()),
                     name: format!("o{i}"),
@@ -513,6 +632,7 @@ mod tests {
                     attempt: 0,
                 },
                 calls: vec![],
+                http: vec![],
                 calls_left_out: 0,
                 result: json!({"action": "done"}),
             })
