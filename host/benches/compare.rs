@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{artifact, create_pod, create_pods, granted};
+use common::{artifact, create_pod, create_pods, granted, wait_until};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -250,15 +250,6 @@ async fn create_paced(
     }
     for c in creates {
         let _ = c.await;
-    }
-    start.elapsed()
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     start.elapsed()
 }

@@ -14,7 +14,7 @@ mod common;
 
 use common::{
     artifact, cpu_seconds, create_pods, diff_histogram, granted, histogram_quantile, metric, pod,
-    rss_mib,
+    rss_mib, wait_until,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
@@ -52,15 +52,6 @@ static ALLOC: Counting = Counting;
 
 fn live_mib() -> f64 {
     LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    start.elapsed()
 }
 
 fn main() {

@@ -151,6 +151,16 @@ pub async fn create_pods(
     start.elapsed()
 }
 
+/// Polls `f` every 20 ms until it holds; panics after `timeout`. Returns the time it took.
+pub async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
 /// A metric's value summed over the series whose labels include all of `labels`.
 pub fn metric(m: &Manager, name: &str, labels: &[(&str, &str)]) -> f64 {
     testenv::sum_metric(&m.metrics.encode(), name, labels)
