@@ -3,11 +3,13 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
+use kube_core::{ApiResource, Resource};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::host::Host;
-use crate::resource::{ApiResource, Resource, decode, decode_value, encode};
+use crate::resource::{decode, decode_value, encode};
 use crate::types::{ApiError, KindRef, ObjectKey, PatchType};
 
 /// A patch and its type, as in kube-rs. The payload is anything that serializes to the patch's
@@ -58,7 +60,7 @@ impl<T: Serialize> Patch<T> {
 /// Every call goes to the API server through the host, which first checks it against the
 /// permissions the plugin declared (403 `NotDeclared` otherwise). For reads that the informer cache
 /// can answer, prefer [`Context::cache`](crate::Context::cache): it costs no API request.
-pub struct Api<K: Resource> {
+pub struct Api<K> {
     host: Rc<dyn Host>,
     resource: ApiResource,
     kind: KindRef,
@@ -66,7 +68,7 @@ pub struct Api<K: Resource> {
     _kind: PhantomData<fn() -> K>,
 }
 
-impl<K: Resource> Clone for Api<K> {
+impl<K> Clone for Api<K> {
     fn clone(&self) -> Self {
         Api {
             host: self.host.clone(),
@@ -78,9 +80,9 @@ impl<K: Resource> Clone for Api<K> {
     }
 }
 
-impl<K: Resource> Api<K> {
+impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
     pub(crate) fn new(host: Rc<dyn Host>, resource: ApiResource, namespace: Option<&str>) -> Self {
-        let kind = resource.kind_ref();
+        let kind = KindRef::from(&resource);
         Api {
             host,
             resource,

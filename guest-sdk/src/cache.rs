@@ -3,9 +3,12 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
+use kube_core::{ApiResource, Resource};
+use serde::de::DeserializeOwned;
+
 use crate::host::Host;
 use crate::reconcile::Error;
-use crate::resource::{ApiResource, Resource, decode};
+use crate::resource::decode;
 use crate::types::{KindRef, ObjectKey};
 
 /// Reads of one kind from the host's informer cache: no API request, no permission needed, but
@@ -17,14 +20,14 @@ use crate::types::{KindRef, ObjectKey};
 ///
 /// Errors: a cache refusal (kind not watched, bad selector) is a retryable [`Error`]; an object
 /// that does not read as `K` is a terminal one.
-pub struct Cache<K: Resource> {
+pub struct Cache<K> {
     host: Rc<dyn Host>,
     resource: ApiResource,
     kind: KindRef,
     _kind: PhantomData<fn() -> K>,
 }
 
-impl<K: Resource> Clone for Cache<K> {
+impl<K> Clone for Cache<K> {
     fn clone(&self) -> Self {
         Cache {
             host: self.host.clone(),
@@ -35,9 +38,9 @@ impl<K: Resource> Clone for Cache<K> {
     }
 }
 
-impl<K: Resource> Cache<K> {
+impl<K: Resource + DeserializeOwned> Cache<K> {
     pub(crate) fn new(host: Rc<dyn Host>, resource: ApiResource) -> Self {
-        let kind = resource.kind_ref();
+        let kind = KindRef::from(&resource);
         Cache {
             host,
             resource,

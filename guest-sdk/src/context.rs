@@ -1,15 +1,19 @@
 //! What a reconcile gets to talk to the host with.
 
+use std::any::{Any, TypeId};
 use std::fmt;
 use std::rc::Rc;
 use std::str::FromStr;
+
+use kube_core::{ApiResource, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::api::Api;
 use crate::cache::Cache;
 use crate::host::Host;
 use crate::http::Http;
 use crate::reconcile::Error;
-use crate::resource::Resource;
 use crate::types::{EventType, Level, ObjectRef};
 
 /// The handle a reconcile uses for everything outside the plugin: API calls ([`Context::api`]),
@@ -21,6 +25,9 @@ use crate::types::{EventType, Level, ObjectRef};
 #[derive(Clone)]
 pub struct Context {
     host: Rc<dyn Host>,
+    /// What the plugin put in ([`Context::insert`]): its own clients and settings, replaced by
+    /// fakes in tests (kube-rs's `Arc<Ctx>`).
+    data: Vec<(TypeId, Rc<dyn Any>)>,
 }
 
 impl fmt::Debug for Context {
@@ -34,7 +41,41 @@ impl Context {
     pub fn new(host: impl Host + 'static) -> Self {
         Context {
             host: Rc::new(host),
+            data: Vec::new(),
         }
+    }
+
+    /// Puts a value of the plugin's own in the context (replacing one of the same type): a client
+    /// of an outside API, parsed settings. [`Reconciler::setup`](crate::Reconciler::setup) puts
+    /// the real ones in; a test replaces them with fakes through
+    /// [`MockHost::inject`](crate::testing::MockHost::inject).
+    pub fn insert<T: 'static>(&mut self, value: T) {
+        self.insert_rc(Rc::new(value));
+    }
+
+    pub(crate) fn insert_rc(&mut self, value: Rc<dyn Any>) {
+        let id = (*value).type_id();
+        self.data.retain(|(t, _)| *t != id);
+        self.data.push((id, value));
+    }
+
+    /// The value of type `T` put in with [`Context::insert`], if any.
+    pub fn data<T: 'static>(&self) -> Option<&T> {
+        self.data
+            .iter()
+            .find(|(t, _)| *t == TypeId::of::<T>())
+            .and_then(|(_, v)| v.downcast_ref::<T>())
+    }
+
+    /// [`Context::data`], or a terminal error naming the missing type (a plugin whose `setup`
+    /// did not put it in cannot work, however often it is retried).
+    pub fn require<T: 'static>(&self) -> Result<&T, Error> {
+        self.data::<T>().ok_or_else(|| {
+            Error::terminal(format!(
+                "the context holds no {}: put it in in Reconciler::setup",
+                std::any::type_name::<T>()
+            ))
+        })
     }
 
     /// The raw host calls, JSON text in and out: for what the typed wrappers do not cover (a body
@@ -43,36 +84,58 @@ impl Context {
         &*self.host
     }
 
+    pub(crate) fn host_rc(&self) -> Rc<dyn Host> {
+        self.host.clone()
+    }
+
     /// API calls for a cluster-scoped kind, or for a namespaced kind across all namespaces
     /// (list only: single objects need [`Context::api_namespaced`]).
-    pub fn api<K: Resource<DynamicType = ()>>(&self) -> Api<K> {
-        Api::new(self.host.clone(), K::api_resource(&()), None)
+    pub fn api<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned>(&self) -> Api<K> {
+        Api::new(self.host.clone(), ApiResource::erase::<K>(&()), None)
     }
 
     /// API calls for a namespaced kind in `namespace`.
-    pub fn api_namespaced<K: Resource<DynamicType = ()>>(&self, namespace: &str) -> Api<K> {
-        Api::new(self.host.clone(), K::api_resource(&()), Some(namespace))
+    pub fn api_namespaced<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned>(
+        &self,
+        namespace: &str,
+    ) -> Api<K> {
+        Api::new(
+            self.host.clone(),
+            ApiResource::erase::<K>(&()),
+            Some(namespace),
+        )
     }
 
     /// [`Context::api`] for a kind known at run time, e.g.
-    /// `ctx.api_with::<DynamicObject>(&ApiResource::new("samplecrd.k8s.io", "v1", "Network"))`.
-    pub fn api_with<K: Resource>(&self, dt: &K::DynamicType) -> Api<K> {
-        Api::new(self.host.clone(), K::api_resource(dt), None)
+    /// `ctx.api_with::<DynamicObject>(&ApiResource::from_gvk(&GroupVersionKind::gvk("samplecrd.k8s.io", "v1", "Network")))`.
+    pub fn api_with<K: Resource + Serialize + DeserializeOwned>(
+        &self,
+        dt: &K::DynamicType,
+    ) -> Api<K> {
+        Api::new(self.host.clone(), ApiResource::erase::<K>(dt), None)
     }
 
     /// [`Context::api_namespaced`] for a kind known at run time.
-    pub fn api_namespaced_with<K: Resource>(&self, namespace: &str, dt: &K::DynamicType) -> Api<K> {
-        Api::new(self.host.clone(), K::api_resource(dt), Some(namespace))
+    pub fn api_namespaced_with<K: Resource + Serialize + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        dt: &K::DynamicType,
+    ) -> Api<K> {
+        Api::new(
+            self.host.clone(),
+            ApiResource::erase::<K>(dt),
+            Some(namespace),
+        )
     }
 
     /// Cache reads of a watched kind.
-    pub fn cache<K: Resource<DynamicType = ()>>(&self) -> Cache<K> {
-        Cache::new(self.host.clone(), K::api_resource(&()))
+    pub fn cache<K: Resource<DynamicType = ()> + DeserializeOwned>(&self) -> Cache<K> {
+        Cache::new(self.host.clone(), ApiResource::erase::<K>(&()))
     }
 
     /// [`Context::cache`] for a kind known at run time.
-    pub fn cache_with<K: Resource>(&self, dt: &K::DynamicType) -> Cache<K> {
-        Cache::new(self.host.clone(), K::api_resource(dt))
+    pub fn cache_with<K: Resource + DeserializeOwned>(&self, dt: &K::DynamicType) -> Cache<K> {
+        Cache::new(self.host.clone(), ApiResource::erase::<K>(dt))
     }
 
     /// The event recorder.
@@ -144,6 +207,71 @@ impl Recorder {
     ) {
         self.host
             .record_event(regarding, event_type, reason, action, note);
+    }
+
+    /// An event about `regarding` with `reason`, built field by field and sent by
+    /// [`EventBuilder::publish`]: Normal unless [`EventBuilder::warning`], `action` and `note`
+    /// empty unless set.
+    ///
+    /// ```
+    /// # use wcm_sdk::{ObjectKey, ObjectRef, KindRef};
+    /// # let host = wcm_sdk::testing::MockHost::new();
+    /// # let ctx = host.context();
+    /// let ns = ObjectRef::new(KindRef::new("", "v1", "Namespace"), ObjectKey::cluster("shop"));
+    /// ctx.recorder().event(&ns, "TeamAssigned").action("Label").note("team platform").publish();
+    /// assert_eq!(host.events()[0].action, "Label");
+    /// ```
+    pub fn event(&self, regarding: &ObjectRef, reason: &str) -> EventBuilder {
+        EventBuilder {
+            recorder: self.clone(),
+            regarding: regarding.clone(),
+            event_type: EventType::Normal,
+            reason: reason.to_string(),
+            action: String::new(),
+            note: String::new(),
+        }
+    }
+}
+
+/// An event being built; see [`Recorder::event`].
+#[must_use = "an event is recorded only by publish()"]
+pub struct EventBuilder {
+    recorder: Recorder,
+    regarding: ObjectRef,
+    event_type: EventType,
+    reason: String,
+    action: String,
+    note: String,
+}
+
+impl EventBuilder {
+    /// A Warning event (something an operator may need to look at).
+    pub fn warning(mut self) -> Self {
+        self.event_type = EventType::Warning;
+        self
+    }
+
+    /// What the plugin did (`"Label"`, `"Create"`).
+    pub fn action(mut self, action: &str) -> Self {
+        self.action = action.to_string();
+        self
+    }
+
+    /// A sentence for people.
+    pub fn note(mut self, note: impl Into<String>) -> Self {
+        self.note = note.into();
+        self
+    }
+
+    /// Records the event (never fails, never blocks the reconcile).
+    pub fn publish(self) {
+        self.recorder.publish(
+            &self.regarding,
+            self.event_type,
+            &self.reason,
+            &self.action,
+            &self.note,
+        );
     }
 }
 

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::resource::{ApiResource, Resource};
 use crate::types::{KindRef, ObjectKey};
+use kube_core::{ApiResource, Resource};
 
 /// Everything the host needs to know to run a plugin, built with chained calls:
 ///
@@ -274,12 +274,12 @@ impl Changes {
 impl Watch {
     /// All objects of a typed kind: `Watch::of::<Pod>()`.
     pub fn of<K: Resource<DynamicType = ()>>() -> Self {
-        Self::of_resource(&K::api_resource(&()))
+        Self::of_resource(&ApiResource::erase::<K>(&()))
     }
 
     /// All objects of a kind known at run time.
     pub fn of_resource(resource: &ApiResource) -> Self {
-        Self::kind(resource.kind_ref())
+        Self::kind(KindRef::from(resource))
     }
 
     /// All objects of a kind.
@@ -404,7 +404,7 @@ impl Permission {
 
     /// A permission on a typed kind: `Permission::of::<Node>(&["get", "patch"])`.
     pub fn of<K: Resource<DynamicType = ()>>(verbs: &[&str]) -> Self {
-        Self::of_resource(&K::api_resource(&()), verbs)
+        Self::of_resource(&ApiResource::erase::<K>(&()), verbs)
     }
 
     /// A permission on a kind known at run time.

@@ -4,8 +4,10 @@ use serde_json::{Value, json};
 
 use crate::api::{Api, Patch};
 use crate::reconcile::{Action, Error};
-use crate::resource::Resource;
 use crate::types::ApiError;
+use kube_core::Resource;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// What [`finalizer`] asks the reconcile function to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +36,7 @@ pub enum FinalizerEvent<K> {
 /// objects are patched in their own namespace.
 pub fn finalizer<K, F>(api: &Api<K>, name: &str, obj: K, reconcile: F) -> Result<Action, Error>
 where
-    K: Resource,
+    K: Resource + Serialize + DeserializeOwned,
     F: FnOnce(FinalizerEvent<K>) -> Result<Action, Error>,
 {
     let meta = obj.meta();

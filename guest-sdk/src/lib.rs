@@ -84,11 +84,13 @@
 
 mod api;
 mod cache;
+pub mod conditions;
 mod context;
 mod describe;
 mod finalizer;
 mod host;
 pub mod http;
+pub mod logging;
 mod reconcile;
 mod resource;
 pub mod testing;
@@ -100,16 +102,23 @@ mod wasm_http;
 
 pub use api::{Api, Patch};
 pub use cache::Cache;
-pub use context::{Context, Logger, Recorder};
+pub use context::{Context, EventBuilder, Logger, Recorder};
 pub use describe::{Changes, Description, Mapping, Permission, Secondary, Watch};
 pub use finalizer::{FinalizerEvent, finalizer};
 pub use host::Host;
 pub use reconcile::{Action, Error, Reconciler, Request};
-pub use resource::{ApiResource, DynamicObject, PartialObjectMeta, Resource};
 pub use types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
 /// The k8s-openapi this SDK is built with (API version 1.36): use its types for typed objects.
 pub use k8s_openapi;
+/// The kube-core this SDK is built with: its [`Resource`] is the SDK's, so kube's
+/// `#[derive(CustomResource)]` types (from the `kube` crate with only its `derive` feature) work
+/// with [`Api`], [`Cache`] and [`Request::object`].
+pub use kube_core;
+pub use kube_core::{
+    ApiResource, CustomResourceExt, DynamicObject, GroupVersionKind, PartialObjectMeta,
+    PartialObjectMetaExt, Resource, ResourceExt,
+};
 /// The serde_json this SDK is built with.
 pub use serde_json;
 
@@ -117,8 +126,9 @@ pub use serde_json;
 pub mod prelude {
     pub use crate::{
         Action, Api, ApiError, ApiResource, Context, Description, DynamicObject, Error, EventType,
-        FinalizerEvent, Mapping, ObjectKey, ObjectRef, PartialObjectMeta, Patch, Permission,
-        Reconciler, Request, Resource, Watch, finalizer,
+        FinalizerEvent, GroupVersionKind, KindRef, Mapping, ObjectKey, ObjectRef,
+        PartialObjectMeta, Patch, Permission, Reconciler, Request, Resource, ResourceExt, Watch,
+        finalizer,
     };
 }
 
@@ -143,7 +153,9 @@ pub fn describe_config(key: &str) -> Option<String> {
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        // The WIT lives in this crate (the top-level `wit/` links here), so a packaged or git copy of
+        // the SDK builds on its own.
+        path: "wit",
         world: "plugin",
         // The export macro must be usable from the plugin's crate, and find these bindings there.
         pub_export_macro: true,

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use crate::context::Context;
 use crate::describe::Description;
-use crate::resource::{ApiResource, Resource, decode};
+use kube_core::{ApiResource, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::resource::decode;
 use crate::types::{ApiError, ObjectKey};
 
 /// A plugin: its declaration and its reconcile function. Export it with
@@ -13,6 +16,15 @@ use crate::types::{ApiError, ObjectKey};
 pub trait Reconciler {
     /// What the plugin watches, may call and reads; called once when the host loads the plugin.
     fn describe() -> Description;
+
+    /// Prepares the context of a reconcile before it runs: put the plugin's own clients and
+    /// settings in with [`Context::insert`], read them back with [`Context::data`]. In unit tests,
+    /// what [`MockHost::inject`](crate::testing::MockHost::inject) holds replaces them. The
+    /// default puts nothing in.
+    fn setup(ctx: &mut Context) -> Result<(), Error> {
+        let _ = ctx;
+        Ok(())
+    }
 
     /// Brings the world in line with one key of the primary kind.
     ///
@@ -61,13 +73,18 @@ impl Request {
 
     /// The object, typed; `None` when it is gone. A body that does not read as `K` is a terminal
     /// error.
-    pub fn object<K: Resource<DynamicType = ()>>(&self) -> Result<Option<K>, Error> {
+    pub fn object<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+    ) -> Result<Option<K>, Error> {
         self.object_with(&())
     }
 
     /// Like [`Request::object`], for kinds known at run time ([`DynamicObject`](crate::DynamicObject)).
-    pub fn object_with<K: Resource>(&self, dt: &K::DynamicType) -> Result<Option<K>, Error> {
-        let resource: ApiResource = K::api_resource(dt);
+    pub fn object_with<K: Resource + DeserializeOwned>(
+        &self,
+        dt: &K::DynamicType,
+    ) -> Result<Option<K>, Error> {
+        let resource = ApiResource::erase::<K>(dt);
         self.object
             .as_deref()
             .map(|json| {

@@ -25,6 +25,11 @@ impl KindRef {
         }
     }
 
+    /// The kind of a typed resource: `KindRef::of::<Pod>()`.
+    pub fn of<K: kube_core::Resource<DynamicType = ()>>() -> Self {
+        KindRef::new(&K::group(&()), &K::version(&()), &K::kind(&()))
+    }
+
     /// Parses an `apiVersion` (`"v1"`, `"apps/v1"`) and a kind.
     pub fn from_api_version(api_version: &str, kind: &str) -> Self {
         let (group, version) = split_api_version(api_version);
@@ -38,6 +43,12 @@ impl KindRef {
         } else {
             format!("{}/{}", self.group, self.version)
         }
+    }
+}
+
+impl From<&kube_core::ApiResource> for KindRef {
+    fn from(resource: &kube_core::ApiResource) -> Self {
+        KindRef::new(&resource.group, &resource.version, &resource.kind)
     }
 }
 
@@ -229,16 +240,16 @@ impl ObjectRef {
     }
 
     /// A reference to a typed object: kind from its type, namespace, name and UID from its metadata.
-    pub fn from_obj<K: crate::Resource<DynamicType = ()>>(obj: &K) -> Self {
+    pub fn from_obj<K: kube_core::Resource<DynamicType = ()>>(obj: &K) -> Self {
         Self::from_obj_with(obj, &())
     }
 
     /// Like [`ObjectRef::from_obj`], for types whose kind is known at run time
     /// ([`DynamicObject`](crate::DynamicObject)).
-    pub fn from_obj_with<K: crate::Resource>(obj: &K, dt: &K::DynamicType) -> Self {
+    pub fn from_obj_with<K: kube_core::Resource>(obj: &K, dt: &K::DynamicType) -> Self {
         let meta = obj.meta();
         ObjectRef {
-            kind: K::api_resource(dt).kind_ref(),
+            kind: KindRef::new(&K::group(dt), &K::version(dt), &K::kind(dt)),
             key: ObjectKey::new(
                 meta.namespace.as_deref(),
                 meta.name.as_deref().unwrap_or_default(),

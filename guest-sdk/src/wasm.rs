@@ -250,7 +250,10 @@ impl<R: Reconciler> export::Guest for Component<R> {
     }
 
     fn reconcile(req: wit::Request) -> Result<wit::Action, wit::ReconcileError> {
-        let ctx = Context::new(WasmHost);
+        let mut ctx = Context::new(WasmHost);
+        if let Err(e) = R::setup(&mut ctx) {
+            return Err(reconcile_error(e));
+        }
         let req = Request {
             key: ObjectKey {
                 namespace: req.key.namespace,
@@ -259,6 +262,7 @@ impl<R: Reconciler> export::Guest for Component<R> {
             object: req.object,
             attempt: req.attempt,
         };
+        let _log = crate::logging::enter(ctx.host_rc());
         R::reconcile(&ctx, req).map(action).map_err(reconcile_error)
     }
 }

@@ -8,8 +8,8 @@ use serde_json::json;
 use wcm_sdk::testing::{MockHost, Verb};
 use wcm_sdk::{
     Action, ApiError, ApiResource, Context, Description, DynamicObject, Error, EventType,
-    FinalizerEvent, Level, Mapping, ObjectKey, ObjectRef, PartialObjectMeta, Patch, PatchType,
-    Permission, Reconciler, Request, Watch, finalizer,
+    FinalizerEvent, GroupVersionKind, KindRef, Level, Mapping, ObjectKey, ObjectRef,
+    PartialObjectMeta, Patch, PatchType, Permission, Reconciler, Request, Watch, finalizer,
 };
 
 fn cm(ns: &str, name: &str) -> ConfigMap {
@@ -109,7 +109,7 @@ fn create_replace_conflicts_and_status() {
     .expect("status");
     let stored = host
         .object_value(
-            &ApiResource::of::<ConfigMap>().kind_ref(),
+            &KindRef::of::<ConfigMap>(),
             &ObjectKey::namespaced("watched", "a"),
         )
         .expect("stored");
@@ -176,10 +176,7 @@ fn cache_follows_the_declared_watches() {
     assert!(pods[0].spec.is_none(), "metadata-only watch: no spec");
     let raw = ctx
         .host()
-        .cache_get(
-            &ApiResource::of::<Pod>().kind_ref(),
-            &ObjectKey::namespaced("x", "web"),
-        )
+        .cache_get(&KindRef::of::<Pod>(), &ObjectKey::namespaced("x", "web"))
         .expect("cached");
     assert!(raw.contains("PartialObjectMetadata"), "{raw}");
     let metas = ctx
@@ -281,7 +278,7 @@ fn config_secrets_and_events() {
         "it broke",
     );
     let e = &host.events()[0];
-    assert_eq!(e.regarding.kind, ApiResource::of::<ConfigMap>().kind_ref());
+    assert_eq!(e.regarding.kind, KindRef::of::<ConfigMap>());
     assert_eq!(
         (e.regarding.key.clone(), e.regarding.uid.as_deref()),
         (ObjectKey::namespaced("ns", "c"), Some("u1"))
@@ -299,14 +296,17 @@ fn config_secrets_and_events() {
 
 #[test]
 fn dynamic_objects_through_the_api() {
-    let net = ApiResource::new("samplecrd.k8s.io", "v1", "Network");
+    let net = ApiResource::from_gvk(&GroupVersionKind::gvk("samplecrd.k8s.io", "v1", "Network"));
     let host = MockHost::new();
     let ctx = host.context();
     let api = ctx.api_namespaced_with::<DynamicObject>("default", &net);
     let created = api
         .create(&DynamicObject::new("office", &net).data(json!({"spec": {"cidr": "10.0.0.0/24"}})))
         .expect("created");
-    assert_eq!(created.kind_ref(), Some(net.kind_ref()));
+    assert_eq!(
+        created.types.map(|t| (t.api_version, t.kind)),
+        Some((net.api_version.clone(), net.kind.clone()))
+    );
     assert_eq!(created.data["spec"]["cidr"], "10.0.0.0/24");
     let got = api.get("office").expect("get");
     assert_eq!(got.metadata.namespace.as_deref(), Some("default"));
@@ -421,5 +421,136 @@ fn wakes_itself_applies_the_watch_change_filter_as_the_host_does() {
                 &json!({"spec": 1, "status": 1}),
                 &json!({"spec": 1, "status": 2})
             )
+    );
+}
+
+/// Logs through the `log` facade, as a library it calls would.
+struct FacadeLogger;
+
+impl Reconciler for FacadeLogger {
+    fn describe() -> Description {
+        Description::new("facade-logger", "1.0.0").primary(Watch::of::<ConfigMap>())
+    }
+
+    fn reconcile(_ctx: &Context, req: Request) -> Result<Action, Error> {
+        log::info!("looked at {}", req.key);
+        log::debug!("below the default level: never reaches the host");
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn log_facade_lines_reach_the_host() {
+    let host = MockHost::for_reconciler::<FacadeLogger>();
+    host.run::<FacadeLogger>(ObjectKey::namespaced("web", "app"))
+        .expect("reconciled");
+    let logs = host.logs();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert_eq!(logs[0].level, Level::Info);
+    assert_eq!(logs[0].message, "looked at web/app");
+    assert_eq!(logs[0].field("target"), Some("mock_host"));
+    // Outside a reconcile, nothing is routed to this host.
+    log::info!("not in a reconcile");
+    assert_eq!(host.logs().len(), 1);
+}
+
+#[test]
+fn status_conditions_and_owner_references() {
+    use wcm_sdk::Resource;
+    use wcm_sdk::conditions;
+    let mut owner = cm("web", "app");
+    owner.metadata.uid = Some("u-1".into());
+    owner.metadata.generation = Some(4);
+    // kube-core's Resource: the owner reference a child should carry.
+    let reference = owner.controller_owner_ref(&()).expect("has a name and uid");
+    assert_eq!(
+        (
+            reference.kind.as_str(),
+            reference.name.as_str(),
+            reference.uid.as_str(),
+            reference.controller
+        ),
+        ("ConfigMap", "app", "u-1", Some(true))
+    );
+    let mut list = Vec::new();
+    let generation = conditions::observed_generation(&owner);
+    assert!(conditions::set(
+        &mut list,
+        conditions::new("Ready", true, "Synced", "", generation)
+    ));
+    assert_eq!(list[0].observed_generation, Some(4));
+    assert!(conditions::is_true(&list, "Ready"));
+}
+
+/// A client of an outside API, as a plugin would hold one; tests put a fake in its place.
+trait Inventory {
+    fn owner_of(&self, name: &str) -> Option<String>;
+}
+
+struct RealInventory;
+
+impl Inventory for RealInventory {
+    fn owner_of(&self, _name: &str) -> Option<String> {
+        None
+    }
+}
+
+struct FakeInventory;
+
+impl Inventory for FakeInventory {
+    fn owner_of(&self, name: &str) -> Option<String> {
+        Some(format!("team-of-{name}"))
+    }
+}
+
+struct UsesInventory;
+
+impl Reconciler for UsesInventory {
+    fn describe() -> Description {
+        Description::new("uses-inventory", "1.0.0").primary(Watch::of::<ConfigMap>())
+    }
+
+    fn setup(ctx: &mut Context) -> Result<(), Error> {
+        ctx.insert::<Box<dyn Inventory>>(Box::new(RealInventory));
+        Ok(())
+    }
+
+    fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
+        let inventory = ctx.require::<Box<dyn Inventory>>()?;
+        match inventory.owner_of(req.name()) {
+            Some(owner) => {
+                let obj = ObjectRef::new(KindRef::of::<ConfigMap>(), req.key.clone());
+                ctx.recorder().event(&obj, "Owned").note(owner).publish();
+                Ok(Action::done())
+            }
+            None => Err(Error::retryable("no owner yet")),
+        }
+    }
+}
+
+#[test]
+fn an_injected_fake_replaces_what_setup_put_in() {
+    let host = MockHost::for_reconciler::<UsesInventory>();
+    let key = ObjectKey::namespaced("web", "app");
+    // What setup put in: the real client (which knows no owner here).
+    let err = host
+        .run::<UsesInventory>(key.clone())
+        .expect_err("no owner");
+    assert!(!err.is_terminal());
+    host.inject::<Box<dyn Inventory>>(Box::new(FakeInventory));
+    host.run::<UsesInventory>(key).expect("reconciled");
+    let events = host.events();
+    assert_eq!(
+        (events[0].reason.as_str(), events[0].note.as_str()),
+        ("Owned", "team-of-app")
+    );
+    // A plugin that put nothing in gets a terminal error naming the type.
+    let ctx = host.context();
+    let Err(err) = ctx.require::<Box<dyn Inventory>>() else {
+        panic!("nothing was put in this context");
+    };
+    assert!(
+        err.is_terminal() && err.message().contains("Inventory"),
+        "{err}"
     );
 }

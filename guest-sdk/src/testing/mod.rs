@@ -42,7 +42,10 @@ use crate::describe::{Description, Watch};
 use crate::host::Host;
 use crate::http::{HttpError, HttpErrorKind, HttpRequest, HttpResponse, split_url};
 use crate::reconcile::{Action, Error, Reconciler, Request};
-use crate::resource::{ApiResource, Resource, decode, plural_of};
+use kube_core::{ApiResource, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::resource::{decode, plural_of};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 use selector::Selector;
 
@@ -173,6 +176,8 @@ type Store = BTreeMap<GroupKind, BTreeMap<ObjectKey, Value>>;
 #[derive(Default)]
 struct State {
     declared: Option<Description>,
+    /// Values that replace the plugin's own in the context of every run (`inject`).
+    injected: Vec<Rc<dyn std::any::Any>>,
     plurals: BTreeMap<GroupKind, String>,
     cache: Store,
     api: Store,
@@ -392,6 +397,18 @@ impl MockHost {
         self.state.borrow().http_requests.clone()
     }
 
+    /// Puts `value` in the context of every later [`MockHost::run`], replacing what the plugin's
+    /// [`Reconciler::setup`] put in for its type: a fake of an outside API, test settings.
+    pub fn inject<T: 'static>(&self, value: T) -> &Self {
+        let value: Rc<dyn std::any::Any> = Rc::new(value);
+        let id = (*value).type_id();
+        let mut state = self.state.borrow_mut();
+        state.injected.retain(|v| (**v).type_id() != id);
+        state.injected.push(value);
+        drop(state);
+        self
+    }
+
     /// A [`Context`] over this host.
     pub fn context(&self) -> Context {
         Context::new(self.clone())
@@ -410,7 +427,13 @@ impl MockHost {
 
     /// Reconciles a request made by the test.
     pub fn run_request<R: Reconciler>(&self, request: Request) -> Result<Action, Error> {
-        R::reconcile(&self.context(), request)
+        let mut ctx = self.context();
+        let _log = crate::logging::enter(ctx.host_rc());
+        R::setup(&mut ctx)?;
+        for value in self.state.borrow().injected.iter() {
+            ctx.insert_rc(value.clone());
+        }
+        R::reconcile(&ctx, request)
     }
 
     /// Every API call so far, in order.
@@ -463,13 +486,14 @@ impl MockHost {
     ///
     /// # Panics
     /// If the stored object does not read as `K`.
-    pub fn object<K: Resource<DynamicType = ()>>(
+    pub fn object<K: Resource<DynamicType = ()> + DeserializeOwned>(
         &self,
         namespace: Option<&str>,
         name: &str,
     ) -> Option<K> {
-        let resource = ApiResource::of::<K>();
-        let value = self.object_value(&resource.kind_ref(), &ObjectKey::new(namespace, name))?;
+        let resource = ApiResource::erase::<K>(&());
+        let value =
+            self.object_value(&KindRef::from(&resource), &ObjectKey::new(namespace, name))?;
         let json = value.to_string();
         Some(decode(&json, &resource).unwrap_or_else(|e| {
             panic!(

@@ -71,6 +71,9 @@ pub struct CallCtx {
     pub(crate) tape: Option<Tape>,
     /// The guest's wall-clock readings, while recording or replaying.
     clock_tape: Option<Arc<Mutex<ClockTape>>>,
+    /// The key being reconciled ("namespace/name" or "name"; empty in `describe`): every log line
+    /// of the plugin carries it.
+    pub(crate) key: String,
 }
 
 impl CallCtx {
@@ -117,6 +120,7 @@ impl CallCtx {
             http_policy,
             tape: None,
             clock_tape: None,
+            key: String::new(),
         }
     }
 
@@ -159,7 +163,18 @@ impl CallCtx {
     }
 
     /// Resets the per-call accounting before a call into a reused instance.
+    /// Names the key a reconcile call is for (its log lines carry it).
+    pub(crate) fn set_key(&mut self, key: &crate::contract::ObjectKey) {
+        self.key.clear();
+        if let Some(ns) = &key.namespace {
+            self.key.push_str(ns);
+            self.key.push('/');
+        }
+        self.key.push_str(&key.name);
+    }
+
     pub(crate) fn begin_call(&mut self) {
+        self.key.clear();
         self.clock.reset();
         self.charged = Duration::ZERO;
         self.host_calls = 0;

@@ -495,12 +495,14 @@ impl log::Host for CallCtx {
             })
             .collect::<Vec<_>>()
             .join(" ");
+        // The key comes from the host (the object being reconciled), not from the guest.
+        let key = self.key.as_str();
         match level {
-            log::Level::Trace => tracing::trace!(plugin, fields, "{message}"),
-            log::Level::Debug => tracing::debug!(plugin, fields, "{message}"),
-            log::Level::Info => tracing::info!(plugin, fields, "{message}"),
-            log::Level::Warn => tracing::warn!(plugin, fields, "{message}"),
-            log::Level::Error => tracing::error!(plugin, fields, "{message}"),
+            log::Level::Trace => tracing::trace!(plugin, key, fields, "{message}"),
+            log::Level::Debug => tracing::debug!(plugin, key, fields, "{message}"),
+            log::Level::Info => tracing::info!(plugin, key, fields, "{message}"),
+            log::Level::Warn => tracing::warn!(plugin, key, fields, "{message}"),
+            log::Level::Error => tracing::error!(plugin, key, fields, "{message}"),
         }
         Ok(())
     }

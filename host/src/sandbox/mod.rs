@@ -286,6 +286,7 @@ impl Runtime {
                 limits,
                 tape,
                 async |plugin, store| {
+                    store.data_mut().set_key(&req.key);
                     plugin
                         .wcm_reconciler_reconciler()
                         .call_reconcile(store, req)
@@ -317,6 +318,7 @@ impl Runtime {
                 limits,
                 Some(Tapes::replaying(recording)),
                 async |plugin, store| {
+                    store.data_mut().set_key(&req.key);
                     plugin
                         .wcm_reconciler_reconciler()
                         .call_reconcile(store, &req)
@@ -475,6 +477,7 @@ impl Runtime {
             }
         };
         warm.store.data_mut().begin_call();
+        warm.store.data_mut().set_key(&req.key);
         warm.store
             .data_mut()
             .set_tapes(services.recorder.as_ref().map(|_| Tapes::recording()));

@@ -1,68 +1,87 @@
-//! The `Network` custom resource (`samplecrd.k8s.io/v1`), as `manifests/crds/` defines it; a unit
-//! test compares the two so they cannot drift.
+//! The `Network` custom resource (`samplecrd.k8s.io/v1`). Its CRD is generated from these types
+//! (`#[derive(CustomResource)]`): `manifests/crds/networks.samplecrd.k8s.io.yaml` is
+//! `cargo run -p network --example crd`, and a unit test fails when the two differ.
 
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use wcm_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use wcm_sdk::{ApiResource, Resource};
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Network {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: NetworkSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<NetworkStatus>,
-}
-
-impl Resource for Network {
-    type DynamicType = ();
-
-    fn api_resource(_: &()) -> ApiResource {
-        ApiResource::new("samplecrd.k8s.io", "v1", "Network")
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-/// What the user asks for.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What the user asks for: a network with one subnet.
+// Each printcolumn repeats `type_ = "string"`, which the lint takes for a duplicate.
+#[allow(clippy::duplicated_attributes)]
+#[derive(
+    CustomResource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "samplecrd.k8s.io",
+    version = "v1",
+    kind = "Network",
+    namespaced,
+    doc = "A network that the network plugin keeps in sync with OpenStack Neutron.",
+    status = "NetworkStatus",
+    shortname = "net",
+    derive = "Default",
+    derive = "PartialEq",
+    // Groups ending in k8s.io are reserved; the API server accepts this one only when it says so.
+    annotation("api-approved.kubernetes.io", "unapproved, experimental-only"),
+    printcolumn(name = "CIDR", type_ = "string", json_path = ".spec.cidr"),
+    printcolumn(name = "Gateway", type_ = "string", json_path = ".spec.gateway"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
+    ),
+    printcolumn(
+        name = "Network-ID",
+        type_ = "string",
+        json_path = ".status.networkId",
+        priority = 1
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
 pub struct NetworkSpec {
-    /// The subnet, e.g. `192.168.0.0/24`.
-    #[serde(default)]
+    /// The subnet of the network, e.g. 192.168.0.0/24 (host bits zero).
+    #[schemars(length(min = 1, max = 64))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "isCIDR(self)", "message": "must be a CIDR such as 192.168.0.0/24"}
+    ]))]
     pub cidr: String,
-    /// The gateway address inside it, e.g. `192.168.0.1`.
-    #[serde(default)]
+    /// The gateway address, inside the CIDR, e.g. 192.168.0.1 (checked by the plugin).
+    #[schemars(length(min = 1, max = 45))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "isIP(self)", "message": "must be an IP address such as 192.168.0.1"}
+    ]))]
     pub gateway: String,
 }
 
 /// What the plugin found and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkStatus {
+    /// The Neutron network's ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_id: Option<String>,
+    /// The Neutron subnet's ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet_id: Option<String>,
+    /// The metadata.generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Ready (Neutron matches the spec), Synced (the last sync succeeded), Invalid (the spec cannot
+    /// be used).
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 
 /// A status condition (the shape of `metav1.Condition`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
     /// "True", "False" or "Unknown".
+    #[schemars(extend("enum" = ["True", "False", "Unknown"]))]
     pub status: String,
     pub reason: String,
     #[serde(default)]
@@ -164,11 +183,20 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// The CRD of [`Network`], as shipped in `manifests/crds/`: a header comment, then the YAML.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let yaml = serde_yaml_ng::to_string(&Network::crd()).unwrap_or_else(|e| format!("# {e}\n"));
+    format!(
+        "# The Network custom resource: a network that the network plugin keeps in sync with OpenStack\n\
+         # Neutron. Generated from plugins/network/src/types.rs: cargo run -p network --example crd\n{yaml}"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
-    use std::collections::BTreeSet;
 
     #[test]
     fn times_round_trip() {
@@ -197,86 +225,40 @@ mod tests {
         assert_eq!(s.conditions.len(), 1);
     }
 
-    /// The property names under `path` in the CRD's schema.
-    fn crd_properties(schema: &Value, path: &[&str]) -> BTreeSet<String> {
-        let mut node = schema;
-        for p in path {
-            node = if *p == "[]" {
-                &node["items"]
-            } else {
-                &node["properties"][*p]
-            };
-        }
-        node["properties"]
-            .as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    fn keys(v: &Value) -> BTreeSet<String> {
-        v.as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// The CRD in manifests/ and these types describe the same fields.
+    /// The shipped CRD is the one the derive generates (regenerate it with
+    /// `cargo run -p network --example crd > manifests/crds/networks.samplecrd.k8s.io.yaml`).
     #[test]
-    fn the_crd_and_the_rust_type_agree() {
-        let crd: Value = serde_yaml_ng::from_str(include_str!(
-            "../../../manifests/crds/networks.samplecrd.k8s.io.yaml"
-        ))
-        .expect("the CRD is YAML");
+    fn the_shipped_crd_is_the_derived_one() {
+        let shipped = include_str!("../../../manifests/crds/networks.samplecrd.k8s.io.yaml");
+        assert_eq!(
+            shipped,
+            crd_yaml(),
+            "manifests/crds/networks.samplecrd.k8s.io.yaml is not what the Network type derives; \
+             regenerate it with `cargo run -p network --example crd`"
+        );
+    }
+
+    #[test]
+    fn the_derived_crd_says_what_the_plugin_relies_on() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(Network::crd()).expect("serializes");
         let version = &crd["spec"]["versions"][0];
-        assert_eq!(crd["spec"]["group"], "samplecrd.k8s.io");
-        assert_eq!(crd["spec"]["names"]["kind"], "Network");
-        assert_eq!(version["name"], "v1");
-        let schema = &version["schema"]["openAPIV3Schema"];
-        // Every optional field set, so every field serializes.
-        let full = Network {
-            metadata: ObjectMeta::default(),
-            spec: NetworkSpec {
-                cidr: "10.0.0.0/24".into(),
-                gateway: "10.0.0.1".into(),
-            },
-            status: Some(NetworkStatus {
-                network_id: Some("n".into()),
-                subnet_id: Some("s".into()),
-                observed_generation: Some(1),
-                conditions: vec![Condition {
-                    observed_generation: Some(1),
-                    ..Condition::default()
-                }],
-            }),
-        };
-        let json = serde_json::to_value(&full).unwrap();
-        assert_eq!(
-            crd_properties(schema, &["spec"]),
-            keys(&json["spec"]),
-            "spec"
-        );
-        assert_eq!(
-            crd_properties(schema, &["status"]),
-            keys(&json["status"]),
-            "status"
-        );
-        assert_eq!(
-            crd_properties(schema, &["status", "conditions", "[]"]),
-            keys(&json["status"]["conditions"][0]),
-            "conditions"
-        );
-        // What the schema requires, the type always has.
-        let required: BTreeSet<String> = schema["properties"]["spec"]["required"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        assert_eq!(required, keys(&json["spec"]));
+        assert_eq!(crd["metadata"]["name"], "networks.samplecrd.k8s.io");
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
         assert!(
             version["subresources"]["status"].is_object(),
             "status is a subresource (the plugin writes it with patch_status)"
+        );
+        let schema = &version["schema"]["openAPIV3Schema"];
+        assert_eq!(
+            schema["properties"]["spec"]["required"],
+            serde_json::json!(["cidr", "gateway"])
+        );
+        let conditions = &schema["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            conditions["items"]["required"],
+            serde_json::json!(["reason", "status", "type"])
         );
     }
 }

@@ -6,14 +6,14 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use wcm_sdk::{
-    Action, ApiResource, Context, Description, Error, EventType, ObjectKey, ObjectRef, Permission,
-    Reconciler, Request, Resource, Watch,
+    Action, Context, Description, Error, EventType, ObjectKey, ObjectRef, Permission, Reconciler,
+    Request, Resource, Watch,
 };
 
 struct EventOutside;
 
 fn kind_of<K: Resource<DynamicType = ()>>() -> wcm_sdk::KindRef {
-    ApiResource::of::<K>().kind_ref()
+    wcm_sdk::KindRef::of::<K>()
 }
 
 impl Reconciler for EventOutside {

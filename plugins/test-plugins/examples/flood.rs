@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use wcm_sdk::{
-    Action, ApiResource, Context, Description, Error, EventType, ObjectKey, ObjectRef, Permission,
+    Action, Context, Description, Error, EventType, KindRef, ObjectKey, ObjectRef, Permission,
     Reconciler, Request, Watch,
 };
 
@@ -66,8 +66,8 @@ fn events(ctx: &Context, req: &Request, base: u64) {
     // falls inside one.
     let mut note = String::from("x");
     note.push_str(&"é".repeat(((1 << 20) - 1) / 2));
-    let configmap = ApiResource::of::<ConfigMap>().kind_ref();
-    let secret = ApiResource::of::<Secret>().kind_ref();
+    let configmap = KindRef::of::<ConfigMap>();
+    let secret = KindRef::of::<Secret>();
     let rec = ctx.recorder();
     for i in 0..EVENTS_PER_CALL {
         let n = format!("{base:x}-{i}");

@@ -4,14 +4,14 @@
 
 use serde_json::json;
 use wcm_sdk::{
-    Action, ApiResource, Context, Description, DynamicObject, Error, Patch, Permission, Reconciler,
-    Request, Watch,
+    Action, ApiResource, Context, Description, DynamicObject, Error, GroupVersionKind, Patch,
+    Permission, Reconciler, Request, Watch,
 };
 
 const ANNOTATION: &str = "wcm.test/reconciled";
 
 fn widgets() -> ApiResource {
-    ApiResource::new("faults.wcm.test", "v1", "Widget")
+    ApiResource::from_gvk(&GroupVersionKind::gvk("faults.wcm.test", "v1", "Widget"))
 }
 
 struct WidgetAnnotator;
