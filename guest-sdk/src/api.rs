@@ -191,22 +191,35 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
     }
 
     /// PATCH an object; the patched object. Send only the fields you own (a merge patch of one
-    /// label, not the whole object): it cannot overwrite concurrent changes to other fields.
+    /// label, not the whole object): it cannot overwrite concurrent changes to other fields. A
+    /// JSON patch that does not apply to the object as it is now (a `test` failed) is a 409
+    /// conflict, retryable like a stale `resourceVersion`.
     pub fn patch<P: Serialize>(&self, name: &str, patch: &Patch<P>) -> Result<K, ApiError> {
         let body = serde_json::to_string(patch.body()).map_err(ApiError::serialization)?;
         let json = self
             .host
-            .patch(&self.kind, &self.key(name), patch.patch_type(), &body)?;
+            .patch(&self.kind, &self.key(name), patch.patch_type(), &body)
+            .map_err(|e| Self::patch_error(patch.patch_type(), e))?;
         self.read(&json)
     }
 
     /// PATCH the status subresource; needs a permission on `"<plural>/status"`.
     pub fn patch_status<P: Serialize>(&self, name: &str, patch: &Patch<P>) -> Result<K, ApiError> {
         let body = serde_json::to_string(patch.body()).map_err(ApiError::serialization)?;
-        let json =
-            self.host
-                .patch_status(&self.kind, &self.key(name), patch.patch_type(), &body)?;
+        let json = self
+            .host
+            .patch_status(&self.kind, &self.key(name), patch.patch_type(), &body)
+            .map_err(|e| Self::patch_error(patch.patch_type(), e))?;
         self.read(&json)
+    }
+
+    /// A JSON patch whose `test` failed is a conflict (retryable), as a stale resourceVersion is.
+    fn patch_error(patch_type: PatchType, e: ApiError) -> ApiError {
+        if patch_type == PatchType::Json {
+            e.json_patch_conflict()
+        } else {
+            e
+        }
     }
 
     /// DELETE an object. With finalizers on it, the API server only marks it for deletion.

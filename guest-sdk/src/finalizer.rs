@@ -29,8 +29,8 @@ pub enum FinalizerEvent<K> {
 ///   then removes the finalizer (JSON patch: `test` + `remove` at its index);
 /// - object being deleted without the finalizer: nothing to do, [`Action::done`].
 ///
-/// A JSON patch whose `test` fails (the list changed since the object was read: the API server
-/// answers 422) becomes a retryable error, so the next attempt works on fresh state.
+/// A JSON patch whose `test` fails (the list changed since the object was read) is a conflict,
+/// retryable as for any [`Api::patch`], so the next attempt works on fresh state.
 ///
 /// The plugin must declare `patch` on the object's resource. `api` may be cluster-wide: namespaced
 /// objects are patched in their own namespace.
@@ -90,10 +90,6 @@ where
 }
 
 fn patch_error(e: ApiError, name: &str, what: &str) -> Error {
-    let message = format!("{what} finalizer {name}: {e}");
-    if e.code == 422 {
-        Error::retryable(message)
-    } else {
-        Error::from(e).context(format!("{what} finalizer {name}"))
-    }
+    // A failed `test` already came back as a retryable conflict (`Api::patch`): one rule.
+    Error::from(e).context(format!("{what} finalizer {name}"))
 }

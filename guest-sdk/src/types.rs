@@ -163,13 +163,38 @@ impl ApiError {
         self.code == 409 && self.reason == "AlreadyExists"
     }
 
+    /// The message of the API server's 422 for a JSON patch that does not apply to the object as
+    /// stored (a `test` failed, a path is missing); a real validation error names the field instead.
+    pub const PATCH_NOT_APPLIED: &'static str =
+        "the server rejected our request due to an error in our request";
+
+    /// A JSON patch that did not apply to the object as it is now, as a conflict: the object
+    /// changed since it was read, and the next attempt works on fresh state (the same rule as a
+    /// stale `resourceVersion`, so one rule holds for every caller).
+    pub(crate) fn json_patch_conflict(self) -> Self {
+        if self.code == 422 && self.message.starts_with(Self::PATCH_NOT_APPLIED) {
+            ApiError {
+                code: 409,
+                reason: "Conflict".into(),
+                message: format!(
+                    "the JSON patch does not apply to the object as it is now (a test failed or a \
+                     path is missing): {}",
+                    self.message
+                ),
+            }
+        } else {
+            self
+        }
+    }
+
     /// 403: refused by the host (permission not declared) or by RBAC.
     pub fn is_forbidden(&self) -> bool {
         self.code == 403
     }
 
     /// Whether trying again later can help. Terminal: 400 BadRequest, 405 MethodNotAllowed,
-    /// 413 RequestEntityTooLarge, 415 UnsupportedMediaType, 422 Invalid, a call the plugin never
+    /// 413 RequestEntityTooLarge, 415 UnsupportedMediaType, 422 Invalid (but a JSON patch that
+    /// does not apply to the object as it is now comes back as a 409 conflict), a call the plugin never
     /// declared (403 `NotDeclared`, refused by the host) and the SDK's serialization errors.
     /// Everything else is retryable: no answer (0), 403 from the API server (a grant can come
     /// later, and a restarted API server refuses for a moment until its RBAC cache has synced),

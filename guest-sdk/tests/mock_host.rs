@@ -139,7 +139,16 @@ fn json_patch_and_apply() {
             &Patch::Json(json!([{"op": "test", "path": "/data/k", "value": "other"}])),
         )
         .expect_err("test fails");
-    assert_eq!(err.code, 422);
+    // As the SDK reads the API server's 422 for a JSON patch that does not apply: a conflict.
+    assert!(err.is_conflict() && err.is_retryable(), "{err}");
+    assert!(!Error::from(err).is_terminal());
+    // A real validation error stays terminal.
+    let invalid = ApiError::new(
+        422,
+        "Invalid",
+        "ConfigMap \"a\" is invalid: metadata.labels: ...",
+    );
+    assert!(!invalid.is_retryable());
     // Apply creates what is absent.
     let applied = api
         .patch(
@@ -553,4 +562,57 @@ fn an_injected_fake_replaces_what_setup_put_in() {
         err.is_terminal() && err.message().contains("Inventory"),
         "{err}"
     );
+}
+
+#[test]
+fn generation_and_the_status_subresource_behave_as_on_the_api_server() {
+    let net = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    let host = MockHost::new();
+    let ctx = host.context();
+    let api = ctx.api_namespaced_with::<DynamicObject>("default", &net);
+    // A create sets generation 1 and drops the status (the status subresource owns it).
+    let created = api
+        .create(
+            &DynamicObject::new("w", &net)
+                .data(json!({"spec": {"size": 1}, "status": {"ready": true}})),
+        )
+        .expect("created");
+    assert_eq!(created.metadata.generation, Some(1));
+    assert!(created.data.get("status").is_none(), "{:?}", created.data);
+
+    // A metadata change keeps the generation; a spec change bumps it.
+    let labelled = api
+        .patch(
+            "w",
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .expect("patched");
+    assert_eq!(labelled.metadata.generation, Some(1));
+    let resized = api
+        .patch("w", &Patch::Merge(json!({"spec": {"size": 2}})))
+        .expect("patched");
+    assert_eq!(resized.metadata.generation, Some(2));
+
+    // The status goes only through /status, and /status changes nothing else.
+    let ignored = api
+        .patch("w", &Patch::Merge(json!({"status": {"ready": true}})))
+        .expect("patched");
+    assert!(ignored.data.get("status").is_none(), "{:?}", ignored.data);
+    assert_eq!(ignored.metadata.generation, Some(2));
+    let status = api
+        .patch_status(
+            "w",
+            &Patch::Merge(json!({"spec": {"size": 9}, "status": {"ready": true}})),
+        )
+        .expect("patched");
+    assert_eq!(status.data["status"]["ready"], true);
+    assert_eq!(status.data["spec"]["size"], 2);
+    assert_eq!(status.metadata.generation, Some(2));
+    // A replace keeps the stored status too.
+    let mut replaced = status.clone();
+    replaced.data["status"] = json!({"ready": false});
+    replaced.data["spec"] = json!({"size": 3});
+    let replaced = api.replace("w", &replaced).expect("replaced");
+    assert_eq!(replaced.data["status"]["ready"], true);
+    assert_eq!(replaced.metadata.generation, Some(3));
 }

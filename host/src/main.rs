@@ -510,8 +510,11 @@ fn main() -> ExitCode {
         );
         tracing_subscriber::EnvFilter::new("info")
     });
+    // Colours only for a person at a terminal: a log file or collector gets plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if cli.log_json || cli.log_format == LogFormat::Json {
         builder.json().init();

@@ -15,12 +15,17 @@
 //! How the API store behaves: `get` of an absent object is 404 `NotFound`; `create` of an existing
 //! name is 409 `AlreadyExists` (and sets `uid`, `resourceVersion`, `creationTimestamp`); a
 //! `replace` or a patch carrying a stale `resourceVersion` is 409 `Conflict`; merge patches are
-//! applied exactly (RFC 7386), JSON patches exactly (RFC 6902; a failed `test` is 422 `Invalid`).
+//! applied exactly (RFC 7386), JSON patches exactly (RFC 6902; one that does not apply is the API server's
+//! 422 `Invalid`, which [`Api::patch`](crate::Api::patch) turns into a 409 conflict).
+//! Like the API server, every kind has a status subresource: a `create` drops `status`, a write of
+//! the main resource (`replace`, `patch`) keeps the stored `status` whatever it sent, and
+//! `patch_status` changes only `status`. `metadata.generation` starts at 1 and goes up when a
+//! write changes anything outside `metadata` and `status` (for objects with a `spec`: the mock
+//! knows no schemas).
 //! Approximations: a strategic merge patch is applied as a merge patch (lists are replaced, not
 //! merged by key); server-side apply is a merge patch that creates the object when it is absent
-//! (no field ownership, no conflicts); `patch_status` applies the patch and keeps only the
-//! `status` of the result; `delete` of an object with finalizers sets `deletionTimestamp`, and the
-//! object goes when a write leaves it with no finalizers.
+//! (no field ownership, no conflicts); `delete` of an object with finalizers sets
+//! `deletionTimestamp`, and the object goes when a write leaves it with no finalizers.
 //!
 //! Outbound HTTP goes to the handler given to [`MockHost::on_http`] (none: every request fails
 //! with a connection error), after the same check as the host's: a plugin described with
@@ -787,6 +792,13 @@ impl State {
             "creationTimestamp",
             Value::String(MOCK_TIME.into()),
         );
+        // The status subresource: a create does not set the status.
+        if let Value::Object(m) = &mut obj {
+            m.remove("status");
+        }
+        if tracks_generation(&obj) {
+            set_meta(&mut obj, "generation", json!(1));
+        }
         Ok(self.store(kind, &key, obj).to_string())
     }
 
@@ -811,6 +823,7 @@ impl State {
             "uid",
             "creationTimestamp",
             "deletionTimestamp",
+            "generation",
         ] {
             match stored.get("metadata").and_then(|m| m.get(field)) {
                 Some(v) => set_meta(updated, field, v.clone()),
@@ -837,6 +850,7 @@ impl State {
             ));
         }
         self.keep_identity(kind, key, &stored, &mut obj)?;
+        main_resource_write(&stored, &mut obj);
         Ok(self.store(kind, key, obj).to_string())
     }
 
@@ -871,15 +885,19 @@ impl State {
             PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
                 patch::merge(&mut patched, &patch)
             }
+            // The API server's answer, word for word (the mock adds what failed).
             PatchType::Json => patch::json(&mut patched, &patch).map_err(|e| {
                 ApiError::new(
                     422,
                     "Invalid",
-                    &format!("the JSON patch does not apply: {e}"),
+                    &format!("{} (mock: {e})", ApiError::PATCH_NOT_APPLIED),
                 )
             })?,
         }
         self.keep_identity(kind, key, &stored, &mut patched)?;
+        if !status {
+            main_resource_write(&stored, &mut patched);
+        }
         if status {
             let mut only_status = stored;
             match patched.get("status") {
@@ -910,6 +928,49 @@ impl State {
         self.store(kind, key, obj);
         Ok(())
     }
+}
+
+/// Whether the API server keeps `metadata.generation` for an object: custom resources and the
+/// built-in kinds with a `spec` (an approximation: the mock knows no schemas).
+fn tracks_generation(obj: &Value) -> bool {
+    obj.get("spec").is_some() || obj.pointer("/metadata/generation").is_some()
+}
+
+/// What the API server does to a write of the main resource (not `/status`): the status stays as
+/// stored (the status subresource owns it), and `generation` goes up by one when anything outside
+/// `metadata` and `status` changed.
+fn main_resource_write(stored: &Value, updated: &mut Value) {
+    let Value::Object(new) = updated else {
+        return;
+    };
+    match stored.get("status") {
+        Some(s) => {
+            new.insert("status".into(), s.clone());
+        }
+        None => {
+            new.remove("status");
+        }
+    }
+    let content = |m: &Map<String, Value>| -> Map<String, Value> {
+        m.iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let old = stored.as_object().map(content).unwrap_or_default();
+    if !tracks_generation(stored) && new.get("spec").is_none() {
+        return;
+    }
+    let generation = stored
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let next = if content(new) != old {
+        generation + 1
+    } else {
+        generation
+    };
+    set_meta(updated, "generation", json!(next));
 }
 
 impl MockHost {

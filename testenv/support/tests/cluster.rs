@@ -260,3 +260,50 @@ async fn audit_log_records_requests_and_impersonation() -> Result<()> {
     );
     Ok(())
 }
+
+/// The SDK reads the API server's 422 for a JSON patch that does not apply (a failed `test`) by its
+/// message, and a real validation error must not read the same: both pinned on the real server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_json_patch_that_does_not_apply_is_told_apart_from_an_invalid_object() -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let env = TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("jsonpatch").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns.name);
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "t"}}))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    let answer = |r: kube::Result<ConfigMap>| match r {
+        Err(kube::Error::Api(s)) => Ok((s.code, s.message)),
+        other => Err(anyhow::anyhow!("expected an API error, got {other:?}")),
+    };
+    let test_failed = json_patch::Patch(serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": ["x"]},
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}},
+    ]))?);
+    let (code, message) = answer(
+        cms.patch(
+            "t",
+            &PatchParams::default(),
+            &Patch::Json::<()>(test_failed),
+        )
+        .await,
+    )?;
+    assert_eq!(code, 422);
+    assert!(
+        message.starts_with(wcm_sdk::ApiError::PATCH_NOT_APPLIED),
+        "{message}"
+    );
+    let invalid = json_patch::Patch(serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "b c"}},
+    ]))?);
+    let (code, message) = answer(
+        cms.patch("t", &PatchParams::default(), &Patch::Json::<()>(invalid))
+            .await,
+    )?;
+    assert_eq!(code, 422);
+    assert!(
+        !message.starts_with(wcm_sdk::ApiError::PATCH_NOT_APPLIED),
+        "{message}"
+    );
+    Ok(())
+}
