@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::host::Host;
+use crate::params::{DeleteParams, ListParams, PatchParams};
 use crate::resource::{decode, decode_value, encode};
 use crate::types::{ApiError, KindRef, ObjectKey, PatchType};
 
@@ -52,6 +53,15 @@ impl<T: Serialize> Patch<T> {
             Patch::Merge(b) | Patch::Json(b) | Patch::Strategic(b) | Patch::Apply(b) => b,
         }
     }
+}
+
+/// One page of a LIST: its objects, and the token of the next page (`None`: this was the last).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectList<K> {
+    /// The objects.
+    pub items: Vec<K>,
+    /// [`ListParams::continue_token`] for the next page.
+    pub continue_token: Option<String>,
 }
 
 /// API calls for one kind, in one namespace or cluster-wide. Made by
@@ -137,12 +147,30 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
     /// LIST the objects (of the namespace, or of all namespaces), filtered by a label selector
     /// such as `"app=web,tier!=db"`.
     pub fn list(&self, label_selector: Option<&str>) -> Result<Vec<K>, ApiError> {
+        let params = ListParams {
+            label_selector: label_selector.map(str::to_string),
+            ..ListParams::default()
+        };
+        Ok(self.list_with(&params)?.items)
+    }
+
+    /// LIST with label and field selectors, one page at a time: follow
+    /// [`ObjectList::continue_token`] with [`ListParams::continue_token`] until it is `None`.
+    pub fn list_with(&self, params: &ListParams) -> Result<ObjectList<K>, ApiError> {
         let json = self
             .host
-            .list(&self.kind, self.namespace.as_deref(), label_selector)?;
-        let list: Value = serde_json::from_str(&json).map_err(|e| {
+            .list(&self.kind, self.namespace.as_deref(), params)?;
+        let mut list: Value = serde_json::from_str(&json).map_err(|e| {
             ApiError::serialization(format_args!("reading a {} list: {e}", self.resource.kind))
         })?;
+        let continue_token = list
+            .pointer("/metadata/continue")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        if let Value::Object(map) = &mut list {
+            map.remove("metadata");
+        }
         let items = match list {
             Value::Object(mut map) => match map.remove("items") {
                 Some(Value::Array(items)) => items,
@@ -161,14 +189,18 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
                 )));
             }
         };
-        items
+        let items = items
             .into_iter()
             .map(|item| {
                 decode_value(item, &self.resource).map_err(|e| {
                     ApiError::serialization(format_args!("reading a {}: {e}", self.resource.kind))
                 })
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(ObjectList {
+            items,
+            continue_token,
+        })
     }
 
     /// POST a new object; the object as stored. The namespace is the `Api`'s, else the object's.
@@ -194,21 +226,62 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
     /// label, not the whole object): it cannot overwrite concurrent changes to other fields. A
     /// JSON patch that does not apply to the object as it is now (a `test` failed) is a 409
     /// conflict, retryable like a stale `resourceVersion`.
+    /// A server-side apply ([`Patch::Apply`]) through this method is forced (it takes over fields
+    /// other managers own); [`Api::patch_with`] chooses.
     pub fn patch<P: Serialize>(&self, name: &str, patch: &Patch<P>) -> Result<K, ApiError> {
+        self.patch_with(name, &Self::default_params(patch), patch)
+    }
+
+    /// PATCH with a field manager of the plugin's own, force (server-side apply) or a dry run.
+    pub fn patch_with<P: Serialize>(
+        &self,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, ApiError> {
         let body = serde_json::to_string(patch.body()).map_err(ApiError::serialization)?;
         let json = self
             .host
-            .patch(&self.kind, &self.key(name), patch.patch_type(), &body)
+            .patch(
+                &self.kind,
+                &self.key(name),
+                patch.patch_type(),
+                &body,
+                params,
+            )
             .map_err(|e| Self::patch_error(patch.patch_type(), e))?;
         self.read(&json)
     }
 
+    fn default_params<P: Serialize>(patch: &Patch<P>) -> PatchParams {
+        PatchParams {
+            force: matches!(patch, Patch::Apply(_)),
+            ..PatchParams::default()
+        }
+    }
+
     /// PATCH the status subresource; needs a permission on `"<plural>/status"`.
     pub fn patch_status<P: Serialize>(&self, name: &str, patch: &Patch<P>) -> Result<K, ApiError> {
+        self.patch_status_with(name, &Self::default_params(patch), patch)
+    }
+
+    /// [`Api::patch_status`] with [`PatchParams`].
+    pub fn patch_status_with<P: Serialize>(
+        &self,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, ApiError> {
         let body = serde_json::to_string(patch.body()).map_err(ApiError::serialization)?;
         let json = self
             .host
-            .patch_status(&self.kind, &self.key(name), patch.patch_type(), &body)
+            .patch_status(
+                &self.kind,
+                &self.key(name),
+                patch.patch_type(),
+                &body,
+                params,
+            )
             .map_err(|e| Self::patch_error(patch.patch_type(), e))?;
         self.read(&json)
     }
@@ -224,6 +297,11 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
 
     /// DELETE an object. With finalizers on it, the API server only marks it for deletion.
     pub fn delete(&self, name: &str) -> Result<(), ApiError> {
-        self.host.delete(&self.kind, &self.key(name))
+        self.delete_with(name, &DeleteParams::default())
+    }
+
+    /// DELETE with a propagation policy, preconditions or a dry run.
+    pub fn delete_with(&self, name: &str, params: &DeleteParams) -> Result<(), ApiError> {
+        self.host.delete(&self.kind, &self.key(name), params)
     }
 }

@@ -2,6 +2,7 @@
 //! component imports, tests with [`MockHost`](crate::testing::MockHost).
 
 use crate::http::{HttpError, HttpErrorKind, HttpRequest, HttpResponse};
+use crate::params::{DeleteParams, ListParams, PatchParams};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
 /// Everything a plugin can ask of its host, one method per import of the contract.
@@ -16,7 +17,7 @@ pub trait Host {
         &self,
         kind: &KindRef,
         namespace: Option<&str>,
-        label_selector: Option<&str>,
+        params: &ListParams,
     ) -> Result<String, ApiError>;
     /// POST an object (JSON); the created object.
     fn create(
@@ -34,6 +35,7 @@ pub trait Host {
         key: &ObjectKey,
         patch_type: PatchType,
         body: &str,
+        params: &PatchParams,
     ) -> Result<String, ApiError>;
     /// PATCH the status subresource; the patched object.
     fn patch_status(
@@ -42,9 +44,15 @@ pub trait Host {
         key: &ObjectKey,
         patch_type: PatchType,
         body: &str,
+        params: &PatchParams,
     ) -> Result<String, ApiError>;
     /// DELETE an object.
-    fn delete(&self, kind: &KindRef, key: &ObjectKey) -> Result<(), ApiError>;
+    fn delete(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        params: &DeleteParams,
+    ) -> Result<(), ApiError>;
 
     /// One cached object's JSON (`None` when absent, or when the kind is not watched).
     fn cache_get(&self, kind: &KindRef, key: &ObjectKey) -> Option<String>;

@@ -302,7 +302,13 @@ impl std::error::Error for HttpError {}
 impl From<HttpError> for Error {
     fn from(e: HttpError) -> Self {
         if e.is_retryable() {
-            Error::retryable(e.message)
+            // A 429/503's Retry-After says when to come back: the host waits that long.
+            let after = e.retry_after;
+            let err = Error::retryable(e.message);
+            match after {
+                Some(d) => err.retry_after(d),
+                None => err,
+            }
         } else {
             Error::terminal(e.message)
         }

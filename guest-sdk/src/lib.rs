@@ -91,6 +91,7 @@ mod finalizer;
 mod host;
 pub mod http;
 pub mod logging;
+mod params;
 mod reconcile;
 mod resource;
 pub mod testing;
@@ -100,12 +101,13 @@ mod wasm;
 #[cfg(target_arch = "wasm32")]
 mod wasm_http;
 
-pub use api::{Api, Patch};
+pub use api::{Api, ObjectList, Patch};
 pub use cache::Cache;
 pub use context::{Context, EventBuilder, Logger, Recorder};
 pub use describe::{Changes, Description, Mapping, Permission, Secondary, Watch};
 pub use finalizer::{FinalizerEvent, finalizer};
 pub use host::Host;
+pub use params::{DeleteParams, ListParams, PatchParams, Propagation};
 pub use reconcile::{Action, Error, Reconciler, Request};
 pub use types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 

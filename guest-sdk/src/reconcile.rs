@@ -157,6 +157,7 @@ pub struct Error {
     message: String,
     terminal: bool,
     api: Option<ApiError>,
+    retry_after: Option<Duration>,
 }
 
 impl Error {
@@ -166,6 +167,7 @@ impl Error {
             message: message.into(),
             terminal: false,
             api: None,
+            retry_after: None,
         }
     }
 
@@ -175,6 +177,7 @@ impl Error {
             message: message.into(),
             terminal: true,
             api: None,
+            retry_after: None,
         }
     }
 
@@ -182,6 +185,19 @@ impl Error {
     pub fn context(mut self, context: impl fmt::Display) -> Self {
         self.message = format!("{context}: {}", self.message);
         self
+    }
+
+    /// Retry after `delay` rather than after the key's backoff (an outside API said when to come
+    /// back); still counted as a failure. Needs a host of `wcm:reconciler@0.2.0` (an older one
+    /// applies its backoff); ignored for a terminal error.
+    pub fn retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// The delay set with [`Error::retry_after`], if any (none for a terminal error).
+    pub fn retry_after_delay(&self) -> Option<Duration> {
+        self.retry_after.filter(|_| !self.terminal)
     }
 
     /// Whether retrying is pointless.
@@ -214,6 +230,7 @@ impl From<ApiError> for Error {
             message: e.to_string(),
             terminal: !e.is_retryable(),
             api: Some(e),
+            retry_after: None,
         }
     }
 }

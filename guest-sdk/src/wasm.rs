@@ -5,6 +5,7 @@ use crate::bindings::exports::wcm::reconciler::reconciler as export;
 use crate::bindings::wcm::reconciler::{cache, client, config, events, log, types as wit};
 use crate::describe::{Description, Mapping, Watch};
 use crate::host::Host;
+use crate::params::{DeleteParams, ListParams, PatchParams, Propagation};
 use crate::reconcile::{Action, Error, Reconciler, Request};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 use crate::{__private::Component, Context};
@@ -44,6 +45,14 @@ fn patch_type(p: PatchType) -> client::PatchType {
     }
 }
 
+fn patch_options(p: &PatchParams) -> client::PatchOptions {
+    client::PatchOptions {
+        field_manager_suffix: p.field_manager_suffix.clone(),
+        force: p.force,
+        dry_run: p.dry_run,
+    }
+}
+
 impl Host for WasmHost {
     fn get(&self, k: &KindRef, o: &ObjectKey) -> Result<String, ApiError> {
         client::get(&kind(k), &key(o)).map_err(api_error)
@@ -53,9 +62,15 @@ impl Host for WasmHost {
         &self,
         k: &KindRef,
         namespace: Option<&str>,
-        label_selector: Option<&str>,
+        params: &ListParams,
     ) -> Result<String, ApiError> {
-        client::list(&kind(k), namespace, label_selector).map_err(api_error)
+        let options = client::ListOptions {
+            label_selector: params.label_selector.clone(),
+            field_selector: params.field_selector.clone(),
+            limit: params.limit,
+            continue_token: params.continue_token.clone(),
+        };
+        client::list(&kind(k), namespace, &options).map_err(api_error)
     }
 
     fn create(&self, k: &KindRef, namespace: Option<&str>, body: &str) -> Result<String, ApiError> {
@@ -72,8 +87,16 @@ impl Host for WasmHost {
         o: &ObjectKey,
         p: PatchType,
         body: &str,
+        params: &PatchParams,
     ) -> Result<String, ApiError> {
-        client::patch(&kind(k), &key(o), patch_type(p), body).map_err(api_error)
+        client::patch(
+            &kind(k),
+            &key(o),
+            patch_type(p),
+            body,
+            &patch_options(params),
+        )
+        .map_err(api_error)
     }
 
     fn patch_status(
@@ -82,12 +105,30 @@ impl Host for WasmHost {
         o: &ObjectKey,
         p: PatchType,
         body: &str,
+        params: &PatchParams,
     ) -> Result<String, ApiError> {
-        client::patch_status(&kind(k), &key(o), patch_type(p), body).map_err(api_error)
+        client::patch_status(
+            &kind(k),
+            &key(o),
+            patch_type(p),
+            body,
+            &patch_options(params),
+        )
+        .map_err(api_error)
     }
 
-    fn delete(&self, k: &KindRef, o: &ObjectKey) -> Result<(), ApiError> {
-        client::delete(&kind(k), &key(o)).map_err(api_error)
+    fn delete(&self, k: &KindRef, o: &ObjectKey, params: &DeleteParams) -> Result<(), ApiError> {
+        let options = client::DeleteOptions {
+            propagation: params.propagation.map(|p| match p {
+                Propagation::Background => client::Propagation::Background,
+                Propagation::Foreground => client::Propagation::Foreground,
+                Propagation::Orphan => client::Propagation::Orphan,
+            }),
+            precondition_uid: params.precondition_uid.clone(),
+            precondition_resource_version: params.precondition_resource_version.clone(),
+            dry_run: params.dry_run,
+        };
+        client::delete(&kind(k), &key(o), &options).map_err(api_error)
     }
 
     fn cache_get(&self, k: &KindRef, o: &ObjectKey) -> Option<String> {
@@ -241,6 +282,9 @@ fn reconcile_error(e: Error) -> wit::ReconcileError {
     wit::ReconcileError {
         terminal: e.is_terminal(),
         message: e.message().to_string(),
+        retry_after_ms: e
+            .retry_after_delay()
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     }
 }
 

@@ -29,11 +29,14 @@ fi
 
 out="$WCM_PLUGIN_ARTIFACTS/config_reloader.wasm"
 # The lock is held to the end: two builds never write the same output at once.
-stamp=$(cat "$here"/app.py "$here"/reloader.py "$here/requirements.txt" "$root"/wit/*.wit "$root"/wit/deps/*.wit | sha256sum | cut -c1-32)
+# Built against wcm:reconciler@0.1.0 (frozen in host/wit-0.1.0), which the host keeps serving: its
+# end-to-end test is also the proof that a 0.1 plugin works beside 0.2 ones.
+wit="$root/host/wit-0.1.0"
+stamp=$(cat "$here"/app.py "$here"/reloader.py "$here/requirements.txt" "$wit"/*.wit "$wit"/deps/*.wit | sha256sum | cut -c1-32)
 if [ -f "$out" ] && [ "$(cat "$out.stamp" 2>/dev/null)" = "$stamp" ]; then
   exit 0
 fi
 cd "$here"
-"$venv/bin/componentize-py" -d "$root/wit" -w plugin componentize app -o "$out.tmp" >/dev/null
+"$venv/bin/componentize-py" -d "$wit" -w plugin componentize app -o "$out.tmp" >/dev/null
 mv "$out.tmp" "$out"
 echo "$stamp" > "$out.stamp"

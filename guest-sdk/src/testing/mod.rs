@@ -50,6 +50,7 @@ use crate::reconcile::{Action, Error, Reconciler, Request};
 use kube_core::{ApiResource, Resource};
 use serde::de::DeserializeOwned;
 
+use crate::params::{DeleteParams, ListParams, PatchParams};
 use crate::resource::{decode, plural_of};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 use selector::Selector;
@@ -113,6 +114,10 @@ pub struct ApiCall {
     pub name: Option<String>,
     /// The label selector of a `list`.
     pub label_selector: Option<String>,
+    /// The field selector of a `list`.
+    pub field_selector: Option<String>,
+    /// A dry run (patch, delete): answered, nothing stored.
+    pub dry_run: bool,
     /// The patch type of a patch.
     pub patch_type: Option<PatchType>,
     /// The body sent (`create`, `replace`, patches), parsed (a string when it was not JSON).
@@ -680,6 +685,21 @@ impl State {
 
     /// Stores `obj` after a write: new resourceVersion; gone when it is being deleted and no
     /// finalizer is left.
+    /// Runs `op` and, for a dry run, puts the API store back as it was: answered, nothing stored.
+    fn maybe_dry<T>(
+        &mut self,
+        dry_run: bool,
+        op: impl FnOnce(&mut Self) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        if !dry_run {
+            return op(self);
+        }
+        let (api, revision, uids) = (self.api.clone(), self.revision, self.uids);
+        let out = op(self);
+        (self.api, self.revision, self.uids) = (api, revision, uids);
+        out
+    }
+
     fn store(&mut self, kind: &KindRef, key: &ObjectKey, mut obj: Value) -> Value {
         let rv = self.next_revision();
         set_meta(&mut obj, "resourceVersion", Value::String(rv));
@@ -712,9 +732,11 @@ impl State {
         &self,
         kind: &KindRef,
         namespace: Option<&str>,
-        label_selector: Option<&str>,
+        params: &ListParams,
     ) -> Result<String, ApiError> {
-        let selector = Selector::parse(label_selector.unwrap_or("")).map_err(bad_request)?;
+        let selector =
+            Selector::parse(params.label_selector.as_deref().unwrap_or("")).map_err(bad_request)?;
+        let fields = field_selector(params.field_selector.as_deref().unwrap_or(""))?;
         let items: Vec<Value> = self
             .api
             .get(&group_kind(kind))
@@ -722,13 +744,31 @@ impl State {
             .flatten()
             .filter(|(key, _)| namespace.is_none() || key.namespace.as_deref() == namespace)
             .filter(|(_, obj)| selector.matches(obj.get("metadata").unwrap_or(&Value::Null)))
+            .filter(|(_, obj)| fields.iter().all(|f| f.matches(obj)))
             .map(|(_, obj)| obj.clone())
             .collect();
+        // Pages: the token is the index of the next item (the API server's is opaque too).
+        let start = match params.continue_token.as_deref() {
+            None => 0,
+            Some(t) => t
+                .strip_prefix("mock-continue-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .ok_or_else(|| bad_request(format!("not a continue token of this list: {t:?}")))?,
+        };
+        let end = match params.limit {
+            Some(limit) => start.saturating_add(limit as usize).min(items.len()),
+            None => items.len(),
+        };
+        let page: Vec<Value> = items.get(start..end).unwrap_or_default().to_vec();
+        let mut metadata = json!({"resourceVersion": (1000 + self.revision).to_string()});
+        if end < items.len() {
+            metadata["continue"] = Value::String(format!("mock-continue-{end}"));
+        }
         let list = json!({
             "apiVersion": kind.api_version(),
             "kind": format!("{}List", kind.kind),
-            "metadata": {"resourceVersion": (1000 + self.revision).to_string()},
-            "items": items,
+            "metadata": metadata,
+            "items": page,
         });
         Ok(list.to_string())
     }
@@ -913,11 +953,33 @@ impl State {
         Ok(self.store(kind, key, patched).to_string())
     }
 
-    fn delete(&mut self, kind: &KindRef, key: &ObjectKey) -> Result<(), ApiError> {
+    fn delete(
+        &mut self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        params: &DeleteParams,
+    ) -> Result<(), ApiError> {
         let mut obj = self
             .stored(kind, key)
             .cloned()
             .ok_or_else(|| self.not_found(kind, key))?;
+        for (field, wanted) in [
+            ("uid", &params.precondition_uid),
+            ("resourceVersion", &params.precondition_resource_version),
+        ] {
+            if let Some(wanted) = wanted
+                && meta_str(&obj, field) != Some(wanted.as_str())
+            {
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    &format!(
+                        "Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {}",
+                        meta_str(&obj, field).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
         if meta_str(&obj, "deletionTimestamp").is_none() {
             set_meta(
                 &mut obj,
@@ -1004,6 +1066,8 @@ impl MockHost {
             namespace: namespace.map(str::to_string),
             name: name.map(str::to_string),
             label_selector: None,
+            field_selector: None,
+            dry_run: false,
             patch_type: None,
             body: None,
             error: None,
@@ -1021,13 +1085,14 @@ impl Host for MockHost {
         &self,
         kind: &KindRef,
         namespace: Option<&str>,
-        label_selector: Option<&str>,
+        params: &ListParams,
     ) -> Result<String, ApiError> {
         let record = ApiCall {
-            label_selector: label_selector.map(str::to_string),
+            label_selector: params.label_selector.clone(),
+            field_selector: params.field_selector.clone(),
             ..Self::record(Verb::List, kind, namespace, None)
         };
-        self.call(record, |st| st.list(kind, namespace, label_selector))
+        self.call(record, |st| st.list(kind, namespace, params))
     }
 
     fn create(
@@ -1062,13 +1127,19 @@ impl Host for MockHost {
         key: &ObjectKey,
         patch_type: PatchType,
         body: &str,
+        params: &PatchParams,
     ) -> Result<String, ApiError> {
         let record = ApiCall {
             body: Some(parse_body(body)),
             patch_type: Some(patch_type),
+            dry_run: params.dry_run,
             ..Self::record(Verb::Patch, kind, key.namespace.as_deref(), Some(&key.name))
         };
-        self.call(record, |st| st.patch(kind, key, patch_type, body, false))
+        self.call(record, |st| {
+            st.maybe_dry(params.dry_run, |st| {
+                st.patch(kind, key, patch_type, body, false)
+            })
+        })
     }
 
     fn patch_status(
@@ -1077,10 +1148,12 @@ impl Host for MockHost {
         key: &ObjectKey,
         patch_type: PatchType,
         body: &str,
+        params: &PatchParams,
     ) -> Result<String, ApiError> {
         let record = ApiCall {
             body: Some(parse_body(body)),
             patch_type: Some(patch_type),
+            dry_run: params.dry_run,
             ..Self::record(
                 Verb::PatchStatus,
                 kind,
@@ -1088,17 +1161,31 @@ impl Host for MockHost {
                 Some(&key.name),
             )
         };
-        self.call(record, |st| st.patch(kind, key, patch_type, body, true))
+        self.call(record, |st| {
+            st.maybe_dry(params.dry_run, |st| {
+                st.patch(kind, key, patch_type, body, true)
+            })
+        })
     }
 
-    fn delete(&self, kind: &KindRef, key: &ObjectKey) -> Result<(), ApiError> {
-        let record = Self::record(
-            Verb::Delete,
-            kind,
-            key.namespace.as_deref(),
-            Some(&key.name),
-        );
-        self.call(record, |st| st.delete(kind, key))
+    fn delete(
+        &self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        params: &DeleteParams,
+    ) -> Result<(), ApiError> {
+        let record = ApiCall {
+            dry_run: params.dry_run,
+            ..Self::record(
+                Verb::Delete,
+                kind,
+                key.namespace.as_deref(),
+                Some(&key.name),
+            )
+        };
+        self.call(record, |st| {
+            st.maybe_dry(params.dry_run, |st| st.delete(kind, key, params))
+        })
     }
 
     fn cache_get(&self, kind: &KindRef, key: &ObjectKey) -> Option<String> {
@@ -1222,4 +1309,51 @@ fn declares_host(declared: &[String], url: &str) -> bool {
         let d = d.to_ascii_lowercase();
         d == host || d == format!("{host}:{port}")
     })
+}
+
+/// One requirement of a field selector: a dotted path (`metadata.name`, `spec.nodeName`) equal or
+/// not equal to a value, as the API server reads `a=b`, `a==b`, `a!=b`.
+struct FieldRequirement {
+    path: Vec<String>,
+    value: String,
+    equal: bool,
+}
+
+impl FieldRequirement {
+    fn matches(&self, obj: &Value) -> bool {
+        let mut node = obj;
+        for part in &self.path {
+            node = node.get(part.as_str()).unwrap_or(&Value::Null);
+        }
+        let actual = match node {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        (actual == self.value) == self.equal
+    }
+}
+
+fn field_selector(s: &str) -> Result<Vec<FieldRequirement>, ApiError> {
+    s.split(',')
+        .filter(|part| !part.trim().is_empty())
+        .map(|part| {
+            let (path, value, equal) = if let Some((p, v)) = part.split_once("!=") {
+                (p, v, false)
+            } else if let Some((p, v)) = part.split_once("==") {
+                (p, v, true)
+            } else if let Some((p, v)) = part.split_once('=') {
+                (p, v, true)
+            } else {
+                return Err(bad_request(format!(
+                    "not a field selector requirement: {part:?}"
+                )));
+            };
+            Ok(FieldRequirement {
+                path: path.trim().split('.').map(str::to_string).collect(),
+                value: value.trim().to_string(),
+                equal,
+            })
+        })
+        .collect()
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 
 use super::discovery::{Discovery, Resolved};
-use crate::contract::{KindRef, PatchType};
+use crate::contract::{KindRef, PatchType, Propagation};
 use crate::engine::rate_limit::TokenBucket;
 
 /// What an API call does.
@@ -65,6 +65,48 @@ pub struct ApiRequest<'a> {
     pub subresource: Option<&'a str>,
     /// The JSON body; for a list, the label selector.
     pub body: Option<&'a str>,
+    /// What the plugin asked beyond the verb (validated before the call).
+    pub options: &'a CallOptions,
+}
+
+/// The options of a call (`list-options`, `patch-options`, `delete-options` of the contract);
+/// each applies only to its verbs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallOptions {
+    pub field_selector: Option<String>,
+    pub limit: Option<u32>,
+    pub continue_token: Option<String>,
+    /// Appended to the plugin's name: the field manager is "NAME-SUFFIX".
+    pub field_manager_suffix: Option<String>,
+    /// Server-side apply only.
+    pub force: bool,
+    pub dry_run: bool,
+    pub propagation: Option<Propagation>,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+}
+
+impl CallOptions {
+    /// No options: what every call of `wcm:reconciler@0.1.0` means.
+    pub const NONE: &'static CallOptions = &CallOptions {
+        field_selector: None,
+        limit: None,
+        continue_token: None,
+        field_manager_suffix: None,
+        force: false,
+        dry_run: false,
+        propagation: None,
+        precondition_uid: None,
+        precondition_resource_version: None,
+    };
+
+    /// The field manager of the plugin's writes.
+    pub fn field_manager(&self, plugin: &str) -> String {
+        match &self.field_manager_suffix {
+            Some(suffix) => format!("{plugin}-{suffix}"),
+            None => plugin.to_string(),
+        }
+    }
 }
 
 /// An API error as the plugin sees it.
@@ -193,8 +235,11 @@ impl ApiAccess {
             name,
             subresource,
             body,
+            options,
             ..
         } = *req;
+        let manager = options.field_manager(plugin);
+        let dry_run = options.dry_run;
         let api = Self::api(client, r, namespace)?;
         let name = || name.ok_or_else(|| ApiFailure::bad_request("a name is required"));
         let json = || -> Result<serde_json::Value, ApiFailure> {
@@ -212,6 +257,15 @@ impl ApiAccess {
                 let mut lp = ListParams::default();
                 if let Some(sel) = body.filter(|s| !s.is_empty()) {
                     lp = lp.labels(sel);
+                }
+                if let Some(sel) = options.field_selector.as_deref().filter(|s| !s.is_empty()) {
+                    lp = lp.fields(sel);
+                }
+                if let Some(limit) = options.limit {
+                    lp = lp.limit(limit);
+                }
+                if let Some(token) = &options.continue_token {
+                    lp = lp.continue_token(token);
                 }
                 to_text(&api.list(&lp).await.map_err(k)?)
             }
@@ -248,26 +302,34 @@ impl ApiAccess {
                 let (pp, patch) = match kind {
                     PatchKind::Merge => (
                         PatchParams {
-                            field_manager: Some(plugin.into()),
+                            field_manager: Some(manager.clone()),
+                            dry_run,
                             ..Default::default()
                         },
                         Patch::Merge(v),
                     ),
                     PatchKind::Strategic => (
                         PatchParams {
-                            field_manager: Some(plugin.into()),
+                            field_manager: Some(manager.clone()),
+                            dry_run,
                             ..Default::default()
                         },
                         Patch::Strategic(v),
                     ),
-                    PatchKind::Apply => (PatchParams::apply(plugin).force(), Patch::Apply(v)),
+                    PatchKind::Apply => {
+                        let mut pp = PatchParams::apply(&manager);
+                        pp.force = options.force;
+                        pp.dry_run = dry_run;
+                        (pp, Patch::Apply(v))
+                    }
                     PatchKind::Json => {
                         let p: json_patch::Patch = serde_json::from_value(v).map_err(|e| {
                             ApiFailure::bad_request(format!("not a JSON patch: {e}"))
                         })?;
                         (
                             PatchParams {
-                                field_manager: Some(plugin.into()),
+                                field_manager: Some(manager.clone()),
+                                dry_run,
                                 ..Default::default()
                             },
                             Patch::Json(p),
@@ -281,9 +343,24 @@ impl ApiAccess {
                 to_text(&out.map_err(k)?)
             }
             Verb::Delete => {
-                api.delete(name()?, &DeleteParams::default())
-                    .await
-                    .map_err(k)?;
+                let mut dp = DeleteParams {
+                    dry_run,
+                    ..DeleteParams::default()
+                };
+                dp.propagation_policy = options.propagation.map(|p| match p {
+                    Propagation::Background => kube::api::PropagationPolicy::Background,
+                    Propagation::Foreground => kube::api::PropagationPolicy::Foreground,
+                    Propagation::Orphan => kube::api::PropagationPolicy::Orphan,
+                });
+                if options.precondition_uid.is_some()
+                    || options.precondition_resource_version.is_some()
+                {
+                    dp.preconditions = Some(kube::api::Preconditions {
+                        uid: options.precondition_uid.clone(),
+                        resource_version: options.precondition_resource_version.clone(),
+                    });
+                }
+                api.delete(name()?, &dp).await.map_err(k)?;
                 Ok(String::new())
             }
         }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::cluster::api::{ApiAccess, ApiFailure, ApiRequest};
+use crate::cluster::api::{ApiAccess, ApiFailure, ApiRequest, CallOptions, PatchKind, Verb};
 use crate::cluster::events::{EventSink, PluginEvent};
 use crate::cluster::identity::PluginIdentity;
 use crate::cluster::permissions::{Grants, Refusal};
@@ -421,6 +421,83 @@ fn check_request(req: &ApiRequest<'_>) -> Result<(), Invalid> {
         && let Some(sel) = req.body
     {
         validate::label_selector(sel)?;
+    }
+    check_options(req.options, req.verb)?;
+    Ok(())
+}
+
+/// The options of an API call (from the guest): each only where its verb takes it, and every string bounded and
+/// of the characters the API server accepts there (they become query parameters).
+fn check_options(o: &CallOptions, verb: Verb) -> Result<(), Invalid> {
+    let printable = |what: &'static str, s: &str, max: usize| {
+        if s.len() > max {
+            return Err(Invalid::new(
+                what,
+                s,
+                format!("must be at most {max} bytes"),
+            ));
+        }
+        if s.chars().any(|c| !c.is_ascii_graphic() && c != ' ') {
+            return Err(Invalid::new(what, s, "must be printable ASCII"));
+        }
+        Ok(())
+    };
+    let only = |what: &'static str, set: bool, allowed: bool| {
+        if set && !allowed {
+            Err(Invalid::new(what, "", "does not apply to this call"))
+        } else {
+            Ok(())
+        }
+    };
+    let list = verb == Verb::List;
+    let patch = matches!(verb, Verb::Patch(_));
+    let delete = verb == Verb::Delete;
+    only("field selector", o.field_selector.is_some(), list)?;
+    only("limit", o.limit.is_some(), list)?;
+    only("continue token", o.continue_token.is_some(), list)?;
+    only(
+        "field manager suffix",
+        o.field_manager_suffix.is_some(),
+        patch,
+    )?;
+    only("force", o.force, verb == Verb::Patch(PatchKind::Apply))?;
+    only("dry run", o.dry_run, patch || delete)?;
+    only("propagation", o.propagation.is_some(), delete)?;
+    only(
+        "precondition",
+        o.precondition_uid.is_some() || o.precondition_resource_version.is_some(),
+        delete,
+    )?;
+    if let Some(f) = &o.field_selector {
+        printable("field selector", f, 4096)?;
+    }
+    if let Some(l) = o.limit
+        && !(1..=10_000).contains(&l)
+    {
+        return Err(Invalid::new("limit", &l.to_string(), "must be 1 to 10000"));
+    }
+    if let Some(t) = &o.continue_token {
+        printable("continue token", t, 8192)?;
+    }
+    if let Some(m) = &o.field_manager_suffix {
+        // With the plugin's name (a DNS label of at most 63) and '-', within the API server's 128.
+        let ok = !m.is_empty()
+            && m.len() <= 63
+            && m.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !ok {
+            return Err(Invalid::new(
+                "field manager suffix",
+                m,
+                "must be 1-63 lowercase letters, digits and '-'",
+            ));
+        }
+    }
+    if let Some(u) = &o.precondition_uid {
+        validate::uid(u)?;
+    }
+    if let Some(rv) = &o.precondition_resource_version {
+        printable("precondition resourceVersion", rv, 64)?;
     }
     Ok(())
 }

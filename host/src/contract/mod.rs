@@ -1,4 +1,5 @@
-//! The contract with plugins (`wit/reconciler.wit`): the generated types that the sandbox, the
+//! The contract with plugins (`wit/reconciler.wit`, and the earlier versions still served): the
+//! generated types that the sandbox, the
 //! engine and the cluster side share, and the checks every value from a guest passes before it
 //! shapes a request, a path, a metric label or a log line.
 //!
@@ -10,14 +11,16 @@ pub mod isolation;
 pub mod mapping;
 pub mod validate;
 
-pub use bindings::wcm::reconciler::client::PatchType;
+pub use bindings::wcm::reconciler::client::{
+    DeleteOptions, ListOptions, PatchOptions, PatchType, Propagation,
+};
 pub use bindings::wcm::reconciler::events::EventType;
 pub use bindings::{
     Action, ApiError, Description, KindRef, Mapping, ObjectKey, Permission, ReconcileError,
     Request, Secondary, Watch,
 };
 // Only the sandbox implements and calls the generated interfaces.
-pub(crate) use bindings::{Plugin, PluginPre, wcm};
+pub(crate) use bindings::{Plugin, PluginPre, v0_1, wcm};
 
 /// group/version/kind as a comparable key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -15,7 +15,7 @@ pub struct Invalid {
 }
 
 impl Invalid {
-    fn new(what: &'static str, value: &str, why: impl Into<String>) -> Self {
+    pub(crate) fn new(what: &'static str, value: &str, why: impl Into<String>) -> Self {
         Invalid {
             what,
             value: value.chars().take(80).collect(),

@@ -647,9 +647,16 @@ impl Worker {
                 self.metrics.reconciled(&self.name, "error", took);
                 if v.services.budgets.log_line() {
                     let message = validate::log_text(&e.message, 4096);
-                    tracing::warn!(plugin = %self.name, %key, attempt = req.attempt, "reconcile error, retrying with backoff: {message}");
+                    tracing::warn!(plugin = %self.name, %key, attempt = req.attempt, retry_after_ms = e.retry_after_ms, "reconcile error, retrying: {message}");
                 }
-                self.queue.add_rate_limited(key.clone());
+                match e.retry_after_ms {
+                    // The plugin said when to come back (an outside API's Retry-After): bounded.
+                    Some(ms) => self.queue.add_failed_after(
+                        key.clone(),
+                        Duration::from_millis(ms).min(MAX_RETRY_AFTER),
+                    ),
+                    None => self.queue.add_rate_limited(key.clone()),
+                }
             }
             Err(call_error) => {
                 note_error(&self.last_error, key, &call_error.to_string());
@@ -685,6 +692,9 @@ impl Worker {
         }
     }
 }
+
+/// The longest retry delay a plugin may ask for (a longer one is cut to this).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 pub fn failure_reason(e: &CallError) -> &'static str {
     match e {

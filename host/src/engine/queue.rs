@@ -152,6 +152,14 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
         self.add_after(key, delay);
     }
 
+    /// A retry after `delay` that still counts as a failure (the plugin said when to come back):
+    /// the failure count grows as with [`Self::add_rate_limited`], the limiter's delay is not used.
+    pub fn add_failed_after(&self, key: K, delay: Duration) {
+        let _ = self.limiter.when(&key);
+        self.observer.retried();
+        self.add_after(key, delay);
+    }
+
     /// Clears the key's failure history (call on success).
     pub fn forget(&self, key: &K) {
         self.limiter.forget(key);

@@ -117,6 +117,7 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         "file": path.display().to_string(),
         "sizeBytes": compiled.size,
         "sha256": compiled.sha256,
+        "contract": compiled.contract_version(),
         "compileMillis": compiled.load_time.as_secs_f64() * 1000.0,
         "name": d.name,
         "version": d.version,
@@ -157,6 +158,11 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
             compiled.size,
             compiled.sha256
         ),
+    );
+    line(
+        &mut out,
+        "contract",
+        compiled.contract_version().to_string(),
     );
     line(
         &mut out,

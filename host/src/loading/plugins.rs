@@ -934,6 +934,7 @@ impl PluginManager {
             .with_recorder(self.settings.recorder.clone()),
         );
         let sha = compiled.sha256.clone();
+        let contract = compiled.contract_version();
         // The operator's choice, else the plugin's own (validated at load), else per call.
         let isolation = settings
             .isolation
@@ -985,7 +986,7 @@ impl PluginManager {
                 }
             }
         };
-        tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, identity = %identity.username, "plugin running");
+        tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, contract, identity = %identity.username, "plugin running");
         self.running.lock().await.insert(
             stem.to_string(),
             Running {

@@ -2,7 +2,7 @@
 //! limit traps the plugin), and its time is given back to the plugin's CPU deadline.
 
 use super::call_ctx::CallCtx;
-use crate::cluster::api::{ApiFailure, ApiRequest, PatchKind, Verb};
+use crate::cluster::api::{ApiFailure, ApiRequest, CallOptions, PatchKind, Verb};
 use crate::cluster::events::PluginEvent;
 use crate::cluster::services::store_key;
 use crate::contract::validate;
@@ -44,7 +44,7 @@ impl CallCtx {
             namespace: req.namespace.filter(|ns| !ns.is_empty()),
             ..req
         };
-        let args = json!({
+        let mut args = json!({
             "verb": format!("{:?}", req.verb),
             "kind": kind_json(req.kind),
             "namespace": req.namespace,
@@ -52,6 +52,10 @@ impl CallCtx {
             "subresource": req.subresource,
             "body": req.body,
         });
+        // Only when set: recordings of calls without options read as before.
+        if req.options != CallOptions::NONE {
+            args["options"] = json!(format!("{:?}", req.options));
+        }
         if let Some(answer) = self.replayed(what, &args) {
             return Ok(api_result_from_json(&answer));
         }
@@ -165,6 +169,7 @@ fn req<'a>(
         name,
         subresource: None,
         body,
+        options: CallOptions::NONE,
     }
 }
 
@@ -191,18 +196,27 @@ impl client::Host for CallCtx {
         &mut self,
         kind: KindRef,
         namespace: Option<String>,
-        label_selector: Option<String>,
+        options: client::ListOptions,
     ) -> wasmtime::Result<Result<String, ApiError>> {
-        // The selector travels in the body slot of the shared call path.
+        let call = CallOptions {
+            field_selector: options.field_selector,
+            limit: options.limit,
+            continue_token: options.continue_token,
+            ..CallOptions::default()
+        };
+        // The label selector travels in the body slot of the shared call path.
         self.api(
             "client.list",
-            req(
-                Verb::List,
-                &kind,
-                namespace.as_deref(),
-                None,
-                label_selector.as_deref(),
-            ),
+            ApiRequest {
+                options: &call,
+                ..req(
+                    Verb::List,
+                    &kind,
+                    namespace.as_deref(),
+                    None,
+                    options.label_selector.as_deref(),
+                )
+            },
         )
         .await
     }
@@ -245,17 +259,22 @@ impl client::Host for CallCtx {
         key: ObjectKey,
         patch_type: client::PatchType,
         body: String,
+        options: client::PatchOptions,
     ) -> wasmtime::Result<Result<String, ApiError>> {
         let verb = Verb::Patch(PatchKind::from(patch_type));
+        let call = patch_options(options);
         self.api(
             "client.patch",
-            req(
-                verb,
-                &kind,
-                key.namespace.as_deref(),
-                Some(&key.name),
-                Some(&body),
-            ),
+            ApiRequest {
+                options: &call,
+                ..req(
+                    verb,
+                    &kind,
+                    key.namespace.as_deref(),
+                    Some(&key.name),
+                    Some(&body),
+                )
+            },
         )
         .await
     }
@@ -266,12 +285,15 @@ impl client::Host for CallCtx {
         key: ObjectKey,
         patch_type: client::PatchType,
         body: String,
+        options: client::PatchOptions,
     ) -> wasmtime::Result<Result<String, ApiError>> {
         let verb = Verb::Patch(PatchKind::from(patch_type));
+        let call = patch_options(options);
         self.api(
             "client.patch-status",
             ApiRequest {
                 subresource: Some("status"),
+                options: &call,
                 ..req(
                     verb,
                     &kind,
@@ -288,20 +310,40 @@ impl client::Host for CallCtx {
         &mut self,
         kind: KindRef,
         key: ObjectKey,
+        options: client::DeleteOptions,
     ) -> wasmtime::Result<Result<(), ApiError>> {
+        let call = CallOptions {
+            propagation: options.propagation,
+            precondition_uid: options.precondition_uid,
+            precondition_resource_version: options.precondition_resource_version,
+            dry_run: options.dry_run,
+            ..CallOptions::default()
+        };
         let out = self
             .api(
                 "client.delete",
-                req(
-                    Verb::Delete,
-                    &kind,
-                    key.namespace.as_deref(),
-                    Some(&key.name),
-                    None,
-                ),
+                ApiRequest {
+                    options: &call,
+                    ..req(
+                        Verb::Delete,
+                        &kind,
+                        key.namespace.as_deref(),
+                        Some(&key.name),
+                        None,
+                    )
+                },
             )
             .await?;
         Ok(out.map(|_| ()))
+    }
+}
+
+fn patch_options(o: client::PatchOptions) -> CallOptions {
+    CallOptions {
+        field_manager_suffix: o.field_manager_suffix,
+        force: o.force,
+        dry_run: o.dry_run,
+        ..CallOptions::default()
     }
 }
 

@@ -9,8 +9,10 @@ mod call_ctx;
 mod compile_cache;
 mod guest_clock;
 mod host_calls;
+mod host_calls_v0_1;
 pub mod http;
 pub mod tape;
+mod versions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -132,13 +134,20 @@ pub struct Runtime {
 
 /// A compiled plugin, ready to instantiate.
 pub struct Compiled {
-    pre: bindings::PluginPre<CallCtx>,
+    pre: versions::PluginPre,
     pub sha256: String,
     pub size: usize,
     /// Time to compile, or to load the precompiled artifact.
     pub load_time: Duration,
     pub from_cache: bool,
     pub component: Component,
+}
+
+impl Compiled {
+    /// The contract version the plugin was built against (`wcm:reconciler@0.2.0`, ...).
+    pub fn contract_version(&self) -> &'static str {
+        self.pre.version()
+    }
 }
 
 /// Why a call into a plugin failed (as opposed to the plugin returning an error).
@@ -193,8 +202,11 @@ impl Runtime {
             .map_err(|e| anyhow::anyhow!("link wasi:http: {e:#}"))?;
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("link WASI: {e:#}"))?;
+        // Every contract version served: a plugin imports the interfaces of the one it was built for.
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("link host functions: {e:#}"))?;
+        bindings::v0_1::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| anyhow::anyhow!("link host functions of 0.1.0: {e:#}"))?;
 
         let ticker = Ticker::start(engine.clone())?;
         Ok(Runtime {
@@ -235,13 +247,9 @@ impl Runtime {
             wasm,
         )?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin@0.1.0: {e:#}")
+            anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.2.0 or @0.1.0): {e:#}")
         })?;
-        let pre = bindings::PluginPre::new(pre).map_err(|e| {
-            anyhow::anyhow!(
-                "not a plugin of world wcm:reconciler/plugin@0.1.0 (missing export?): {e:#}"
-            )
-        })?;
+        let pre = versions::PluginPre::new(pre)?;
         Ok(Compiled {
             pre,
             sha256,
@@ -260,10 +268,7 @@ impl Runtime {
         limits: &Limits,
     ) -> Result<Description, CallError> {
         self.call(compiled, services, limits, None, async |plugin, store| {
-            plugin
-                .wcm_reconciler_reconciler()
-                .call_describe(store)
-                .await
+            plugin.describe(store).await
         })
         .await
         .0
@@ -287,10 +292,7 @@ impl Runtime {
                 tape,
                 async |plugin, store| {
                     store.data_mut().set_key(&req.key);
-                    plugin
-                        .wcm_reconciler_reconciler()
-                        .call_reconcile(store, req)
-                        .await
+                    plugin.reconcile(store, req).await
                 },
             )
             .await;
@@ -319,10 +321,7 @@ impl Runtime {
                 Some(Tapes::replaying(recording)),
                 async |plugin, store| {
                     store.data_mut().set_key(&req.key);
-                    plugin
-                        .wcm_reconciler_reconciler()
-                        .call_reconcile(store, &req)
-                        .await
+                    plugin.reconcile(store, &req).await
                 },
             )
             .await;
@@ -388,7 +387,7 @@ impl Runtime {
         services: Arc<Services>,
         limits: &Limits,
         tapes: Option<Tapes>,
-        f: impl AsyncFnOnce(&bindings::Plugin, &mut Store<CallCtx>) -> wasmtime::Result<R>,
+        f: impl AsyncFnOnce(&versions::PluginInstance, &mut Store<CallCtx>) -> wasmtime::Result<R>,
     ) -> (Result<R, CallError>, Option<(Tape, Tape, Vec<u64>)>) {
         let plugin_name = services.plugin_name().to_string();
         // Held for the instance's life: one plugin cannot take the whole pool.
@@ -491,8 +490,7 @@ impl Runtime {
             wall,
             clock.meter(async {
                 warm.plugin
-                    .wcm_reconciler_reconciler()
-                    .call_reconcile(&mut warm.store, req)
+                    .reconcile(&mut warm.store, req)
                     .await
                     .map_err(|e| classify(e, limits))
             }),
@@ -648,7 +646,7 @@ const MAX_WARM_CALLS: u32 = 10_000;
 /// A worker's instance kept between calls (`isolation = "worker"`).
 pub struct Warm {
     store: Store<CallCtx>,
-    plugin: bindings::Plugin,
+    plugin: versions::PluginInstance,
     calls: u32,
     /// The plugin's instance slot, released with the instance.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,

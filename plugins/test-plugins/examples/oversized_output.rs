@@ -34,7 +34,13 @@ impl Reconciler for OversizedOutput {
         body.push_str(tail);
         let kind = KindRef::new("", "v1", "ConfigMap");
         ctx.host()
-            .patch(&kind, &req.key, PatchType::Merge, &body)
+            .patch(
+                &kind,
+                &req.key,
+                PatchType::Merge,
+                &body,
+                &Default::default(),
+            )
             .map_err(|e| Error::from(e).context("oversized patch"))?;
         Ok(Action::done())
     }
