@@ -304,13 +304,13 @@ impl From<HttpError> for Error {
         if e.is_retryable() {
             // A 429/503's Retry-After says when to come back: the host waits that long.
             let after = e.retry_after;
-            let err = Error::retryable(e.message);
+            let err = Error::retryable(e.message.clone()).with_source(e);
             match after {
                 Some(d) => err.retry_after(d),
                 None => err,
             }
         } else {
-            Error::terminal(e.message)
+            Error::terminal(e.message.clone()).with_source(e)
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Options of API calls, named and built as in kube-rs (`ListParams`, `PatchParams`,
-//! `DeleteParams`). They need a host that serves `wcm:reconciler@0.2.0`.
+//! `DeleteParams`), sent through `wcm:reconciler@0.2.0`: a plugin built with this SDK needs a host
+//! that serves it (this one or later).
 
 /// What a LIST selects, and which page.
 ///

@@ -151,14 +151,31 @@ impl Action {
 /// the plugin never declared (403 `NotDeclared`) and the SDK's own serialization errors,
 /// retryable for everything else (0 = no answer, 403 from the API server, 404, 409 conflicts,
 /// 429, 5xx) — see [`ApiError::is_retryable`]. From a `serde_json::Error`: terminal (a
-/// body that does not parse will not parse next time either).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// body that does not parse will not parse next time either). Either way the original error is
+/// kept as its [`source`](std::error::Error::source), and [`Error::with_source`] keeps any other.
+#[derive(Debug, Clone)]
 pub struct Error {
     message: String,
     terminal: bool,
     api: Option<ApiError>,
     retry_after: Option<Duration>,
+    source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
 }
+
+/// Equal when they say the same (message, kind, API error, delay); sources are not compared.
+impl PartialEq for Error {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.message, self.terminal, &self.api, self.retry_after)
+            == (
+                &other.message,
+                other.terminal,
+                &other.api,
+                other.retry_after,
+            )
+    }
+}
+
+impl Eq for Error {}
 
 impl Error {
     /// An error worth retrying (with backoff).
@@ -168,6 +185,7 @@ impl Error {
             terminal: false,
             api: None,
             retry_after: None,
+            source: None,
         }
     }
 
@@ -178,6 +196,7 @@ impl Error {
             terminal: true,
             api: None,
             retry_after: None,
+            source: None,
         }
     }
 
@@ -187,9 +206,16 @@ impl Error {
         self
     }
 
-    /// Retry after `delay` rather than after the key's backoff (an outside API said when to come
-    /// back); still counted as a failure. Needs a host of `wcm:reconciler@0.2.0` (an older one
-    /// applies its backoff); ignored for a terminal error.
+    /// The same error, keeping `source` as its cause ([`std::error::Error::source`]): the error of
+    /// a library the plugin called, say. The message stays this error's own.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(std::sync::Arc::new(source));
+        self
+    }
+
+    /// Retry no sooner than `delay` (an outside API said when to come back): the host waits the
+    /// later of this and the key's backoff, at most an hour; still counted as a failure. Ignored
+    /// for a terminal error.
     pub fn retry_after(mut self, delay: Duration) -> Self {
         self.retry_after = Some(delay);
         self
@@ -222,21 +248,28 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl From<ApiError> for Error {
     fn from(e: ApiError) -> Self {
         Error {
             message: e.to_string(),
             terminal: !e.is_retryable(),
-            api: Some(e),
+            api: Some(e.clone()),
             retry_after: None,
+            source: Some(std::sync::Arc::new(e)),
         }
     }
 }
 
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
-        Error::terminal(format!("JSON: {e}"))
+        Error::terminal(format!("JSON: {e}")).with_source(e)
     }
 }

@@ -616,3 +616,260 @@ fn generation_and_the_status_subresource_behave_as_on_the_api_server() {
     assert_eq!(replaced.data["status"]["ready"], true);
     assert_eq!(replaced.metadata.generation, Some(3));
 }
+
+#[test]
+fn list_pages_field_selectors_dry_runs_and_preconditions() {
+    use wcm_sdk::{DeleteParams, ListParams, PatchParams};
+    let host = MockHost::new();
+    for name in ["a", "b", "c"] {
+        let mut c = cm("ns", name);
+        c.data = Some(
+            [(
+                "tier".to_string(),
+                if name == "b" { "db" } else { "web" }.to_string(),
+            )]
+            .into(),
+        );
+        host.seed(&c);
+    }
+    let api = host.context().api_namespaced::<ConfigMap>("ns");
+    // A field selector the API server supports, and pages of one.
+    let not_b = api
+        .list_with(&ListParams::default().fields("metadata.name!=b"))
+        .expect("listed");
+    let names: Vec<_> = not_b
+        .items
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["a", "c"]);
+    // ... and refused, as there, on a field it does not support, or a limit out of bounds.
+    assert_eq!(
+        api.list_with(&ListParams::default().fields("data.tier=web"))
+            .expect_err("unsupported field")
+            .code,
+        400
+    );
+    assert!(api.list_with(&ListParams::default().limit(0)).is_err());
+    let mut seen = Vec::new();
+    let mut params = ListParams::default().limit(1);
+    loop {
+        let page = api.list_with(&params).expect("page");
+        assert!(page.items.len() <= 1);
+        seen.extend(page.items.into_iter().filter_map(|c| c.metadata.name));
+        match page.continue_token {
+            Some(t) => params = params.continue_token(&t),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["a", "b", "c"]);
+    assert_eq!(
+        host.calls()[0].field_selector.as_deref(),
+        Some("metadata.name!=b")
+    );
+
+    // A dry run is answered with the change and stores nothing.
+    let answered = api
+        .patch_with(
+            "a",
+            &PatchParams::default().dry_run(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .expect("dry run");
+    assert!(
+        answered
+            .metadata
+            .labels
+            .is_some_and(|l| l.contains_key("x"))
+    );
+    assert!(api.get("a").expect("get").metadata.labels.is_none());
+    // Force is for server-side apply only (400 from the host too).
+    let err = api
+        .patch_with(
+            "a",
+            &PatchParams::default().force(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .expect_err("force on a merge patch");
+    assert_eq!(err.code, 400);
+
+    // A delete whose precondition does not hold is a conflict, and deletes nothing.
+    let err = api
+        .delete_with(
+            "a",
+            &DeleteParams::default().precondition_uid("someone-else"),
+        )
+        .expect_err("precondition");
+    assert!(err.is_conflict(), "{err}");
+    api.delete_with("a", &DeleteParams::default().dry_run())
+        .expect("dry-run delete");
+    assert!(api.get_opt("a").expect("get").is_some());
+    api.delete("a").expect("deleted");
+    assert!(api.get_opt("a").expect("get").is_none());
+}
+
+#[test]
+fn a_retry_delay_travels_with_the_error() {
+    let e = Error::retryable("rate limited").retry_after(Duration::from_secs(30));
+    assert_eq!(e.retry_after_delay(), Some(Duration::from_secs(30)));
+    // A terminal error is never retried, whatever it asks.
+    let t = Error::terminal("bad spec").retry_after(Duration::from_secs(30));
+    assert_eq!(t.retry_after_delay(), None);
+}
+
+/// Annotates each ConfigMap with the number of Pods it controls; a ConfigMap with data `broken`
+/// is a terminal error, one with `flaky` fails twice before it works.
+struct PodTally;
+
+impl Reconciler for PodTally {
+    fn describe() -> Description {
+        Description::new("pod-tally", "1.0.0")
+            .primary(Watch::of::<ConfigMap>())
+            .secondary(Watch::of::<Pod>().metadata_only(), Mapping::ControllerOwner)
+            .permission(Permission::of::<ConfigMap>(&["patch"]))
+    }
+
+    fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
+        let Some(cm) = req.object::<ConfigMap>()? else {
+            return Ok(Action::done());
+        };
+        let data = cm.data.clone().unwrap_or_default();
+        if data.contains_key("broken") {
+            return Err(Error::terminal("broken on purpose"));
+        }
+        if data.contains_key("flaky") && req.attempt < 2 {
+            return Err(Error::retryable("not yet"));
+        }
+        let uid = cm.metadata.uid.clone().unwrap_or_default();
+        let owned = ctx
+            .cache::<PartialObjectMeta<Pod>>()
+            .list(req.namespace(), None)?
+            .into_iter()
+            .filter(|p| {
+                p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == uid)
+            })
+            .count()
+            .to_string();
+        let current = cm.metadata.annotations.as_ref().and_then(|a| a.get("pods"));
+        if current != Some(&owned) {
+            ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default())
+                .patch(
+                    req.name(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {"pods": owned}}})),
+                )?;
+        }
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn run_controller_drives_the_plugin_as_the_host_does() {
+    let host = MockHost::for_reconciler::<PodTally>();
+    let with = |name: &str, uid: &str, data: &[(&str, &str)]| {
+        let mut c = cm("ns", name);
+        c.metadata.uid = Some(uid.into());
+        c.data = Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        host.seed(&c);
+    };
+    with("a", "u-a", &[]);
+    with("b", "u-b", &[("broken", "1")]);
+    with("c", "u-c", &[("flaky", "1")]);
+
+    let run = host.run_controller::<PodTally>(50);
+    assert!(!run.hit_limit && run.gave_up.is_empty(), "{run:?}");
+    let annotation = |name: &str| {
+        host.object::<ConfigMap>(Some("ns"), name)
+            .and_then(|c| c.metadata.annotations)
+            .and_then(|a| a.get("pods").cloned())
+    };
+    assert_eq!(annotation("a").as_deref(), Some("0"));
+    // The flaky key was retried with its attempts counted, and then worked.
+    let attempts: Vec<u32> = run
+        .steps
+        .iter()
+        .filter(|s| s.key.name == "c")
+        .map(|s| s.attempt)
+        .collect();
+    assert_eq!(&attempts[..3], &[0, 1, 2], "{run:?}");
+    assert_eq!(annotation("c").as_deref(), Some("0"));
+    // The terminal error was not retried, and left the host's Warning event.
+    assert_eq!(run.keys().iter().filter(|k| k.name == "b").count(), 1);
+    let failed: Vec<_> = host
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "ReconcileFailed")
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].regarding.uid.as_deref(), Some("u-b"));
+    assert_eq!(failed[0].event_type, EventType::Warning);
+
+    // A Pod controlled by "a" appears at the API server: its event maps to "a" through the
+    // controller owner reference, and "a" is counted again.
+    host.seed_api(&json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p1", "namespace": "ns", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "a", "uid": "u-a", "controller": true}
+        ]},
+    }));
+    host.run_controller::<PodTally>(50);
+    assert_eq!(annotation("a").as_deref(), Some("1"));
+}
+
+/// Bumps a counter on every run: it wakes itself for ever.
+struct Restless;
+
+impl Reconciler for Restless {
+    fn describe() -> Description {
+        Description::new("restless", "1.0.0")
+            .primary(Watch::of::<ConfigMap>())
+            .permission(Permission::of::<ConfigMap>(&["patch"]))
+    }
+
+    fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
+        let Some(cm) = req.object::<ConfigMap>()? else {
+            return Ok(Action::done());
+        };
+        let runs: u32 = cm
+            .metadata
+            .annotations
+            .and_then(|a| a.get("runs").and_then(|r| r.parse().ok()))
+            .unwrap_or(0);
+        let patch = json!({"metadata": {"annotations": {"runs": (runs + 1).to_string()}}});
+        ctx.api_namespaced::<ConfigMap>("ns")
+            .patch(req.name(), &Patch::Merge(patch))?;
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn run_controller_stops_a_plugin_that_wakes_itself() {
+    let host = MockHost::for_reconciler::<Restless>();
+    host.seed(&cm("ns", "a"));
+    let run = host.run_controller::<Restless>(10);
+    assert!(run.hit_limit, "{run:?}");
+    assert_eq!(run.steps.len(), 10);
+}
+
+#[test]
+fn errors_keep_their_source() {
+    use std::error::Error as _;
+    // Still Send and Sync: `anyhow` and `Box<dyn Error + Send + Sync>` take it.
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<Error>();
+    let api = ApiError::new(409, "Conflict", "the object changed");
+    let e = Error::from(api.clone());
+    let source = e.source().expect("the API error is the source");
+    assert_eq!(source.to_string(), api.to_string());
+    let parse = "x".parse::<u32>().expect_err("not a number");
+    let e = Error::terminal("configuration replicas").with_source(parse.clone());
+    assert_eq!(e.source().map(|s| s.to_string()), Some(parse.to_string()));
+    assert_eq!(e.message(), "configuration replicas");
+}

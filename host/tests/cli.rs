@@ -31,11 +31,11 @@ fn inspect_prints_the_declaration() -> Result<()> {
     assert!(text.contains("fixed-key pod-count"), "{text}");
     assert!(text.contains("get,patch nodes (core)"), "{text}");
     assert!(
-        text.contains("import        wcm:reconciler/cache@0.1.0"),
+        text.contains("import        wcm:reconciler/cache@0.2.0"),
         "{text}"
     );
     assert!(
-        text.contains("export        wcm:reconciler/reconciler@0.1.0"),
+        text.contains("export        wcm:reconciler/reconciler@0.2.0"),
         "{text}"
     );
 
@@ -217,7 +217,11 @@ fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> 
     }
     let out = run_args(&["version"])?;
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("wcm:reconciler@0.1.0"));
+    let version = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        version.contains("wcm:reconciler@0.2.0") && version.contains("0.1.0"),
+        "{version}"
+    );
     // Every run flag can come from the environment too, and --help says which variable.
     let out = run_args(&["run", "--help"])?;
     let help = String::from_utf8_lossy(&out.stdout);

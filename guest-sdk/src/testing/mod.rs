@@ -22,18 +22,27 @@
 //! `patch_status` changes only `status`. `metadata.generation` starts at 1 and goes up when a
 //! write changes anything outside `metadata` and `status` (for objects with a `spec`: the mock
 //! knows no schemas).
+//! A `list` applies label and field selectors (`a.b=c`, `==`, `!=` on any field) and pages
+//! (`limit`, `continue`); a dry run (patch, delete) is answered and not stored; a delete checks its
+//! UID and resourceVersion preconditions (409).
 //! Approximations: a strategic merge patch is applied as a merge patch (lists are replaced, not
 //! merged by key); server-side apply is a merge patch that creates the object when it is absent
 //! (no field ownership, no conflicts); `delete` of an object with finalizers sets
 //! `deletionTimestamp`, and the object goes when a write leaves it with no finalizers.
+//!
+//! [`MockHost::run_controller`] runs the host's controller loop over the two stores: changes wake
+//! keys through the watch filters and mappings, retries, requeues and the terminal-error event.
 //!
 //! Outbound HTTP goes to the handler given to [`MockHost::on_http`] (none: every request fails
 //! with a connection error), after the same check as the host's: a plugin described with
 //! [`MockHost::for_reconciler`] reaches only the hosts it declares (else `Denied`). Every request
 //! is kept for [`MockHost::http_requests`].
 
+mod controller;
 mod patch;
 mod selector;
+
+pub use controller::{ControllerRun, ControllerStep, MAX_MOCK_RETRIES};
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -737,6 +746,22 @@ impl State {
         let selector =
             Selector::parse(params.label_selector.as_deref().unwrap_or("")).map_err(bad_request)?;
         let fields = field_selector(params.field_selector.as_deref().unwrap_or(""))?;
+        for f in &fields {
+            let label = f.path.join(".");
+            if !field_label_supported(kind, &label) {
+                return Err(bad_request(format!(
+                    "field label not supported: {label} (on {}; the API server answers the same)",
+                    kind.kind
+                )));
+            }
+        }
+        if let Some(limit) = params.limit
+            && !(1..=10_000).contains(&limit)
+        {
+            return Err(bad_request(format!(
+                "limit {limit}: must be 1 to 10000 (the host refuses it too)"
+            )));
+        }
         let items: Vec<Value> = self
             .api
             .get(&group_kind(kind))
@@ -1136,6 +1161,7 @@ impl Host for MockHost {
             ..Self::record(Verb::Patch, kind, key.namespace.as_deref(), Some(&key.name))
         };
         self.call(record, |st| {
+            check_patch_params(patch_type, params)?;
             st.maybe_dry(params.dry_run, |st| {
                 st.patch(kind, key, patch_type, body, false)
             })
@@ -1162,6 +1188,7 @@ impl Host for MockHost {
             )
         };
         self.call(record, |st| {
+            check_patch_params(patch_type, params)?;
             st.maybe_dry(params.dry_run, |st| {
                 st.patch(kind, key, patch_type, body, true)
             })
@@ -1356,4 +1383,70 @@ fn field_selector(s: &str) -> Result<Vec<FieldRequirement>, ApiError> {
             })
         })
         .collect()
+}
+
+/// What the host refuses in patch options (400), refused here the same way.
+fn check_patch_params(patch_type: PatchType, params: &PatchParams) -> Result<(), ApiError> {
+    if params.force && patch_type != PatchType::Apply {
+        return Err(bad_request("force applies to server-side apply only"));
+    }
+    if let Some(suffix) = &params.field_manager_suffix {
+        let ok = !suffix.is_empty()
+            && suffix.len() <= 63
+            && suffix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !ok {
+            return Err(bad_request(format!(
+                "field manager suffix {suffix:?}: must be 1-63 lowercase letters, digits and '-'"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the API server selects `kind` by this field: `metadata.name` and
+/// `metadata.namespace` always, a few more for some built-in kinds, anything for a custom
+/// resource (a CRD declares its `selectableFields`; the mock does not know them).
+fn field_label_supported(kind: &KindRef, label: &str) -> bool {
+    if matches!(label, "metadata.name" | "metadata.namespace") {
+        return true;
+    }
+    let built_in =
+        kind.group.is_empty() || !kind.group.contains('.') || kind.group.ends_with(".k8s.io");
+    if !built_in {
+        return true;
+    }
+    let extra: &[&str] = match (kind.group.as_str(), kind.kind.as_str()) {
+        ("", "Pod") => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+        ("", "Node") => &["spec.unschedulable"],
+        ("", "Namespace") => &["status.phase"],
+        ("", "Secret") => &["type"],
+        ("", "Event") => &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+        ("apps", "ReplicaSet") | ("", "ReplicationController") => &["status.replicas"],
+        ("batch", "Job") => &["status.successful"],
+        _ => &[],
+    };
+    extra.contains(&label)
 }

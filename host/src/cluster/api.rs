@@ -87,7 +87,7 @@ pub struct CallOptions {
 }
 
 impl CallOptions {
-    /// No options: what every call of `wcm:reconciler@0.1.0` means.
+    /// No options (a 0.1.0 call means these, except that its server-side apply is forced).
     pub const NONE: &'static CallOptions = &CallOptions {
         field_selector: None,
         limit: None,

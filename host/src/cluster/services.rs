@@ -553,3 +553,68 @@ mod cpu_tests {
         assert!(unlimited.cpu.wait().is_zero());
     }
 }
+
+#[cfg(test)]
+mod option_tests {
+    use super::*;
+    use crate::contract::Propagation;
+
+    #[test]
+    fn options_apply_only_to_their_verbs_and_are_bounded() {
+        let apply = Verb::Patch(PatchKind::Apply);
+        let merge = Verb::Patch(PatchKind::Merge);
+        let ok = |o: CallOptions, v: Verb| check_options(&o, v).is_ok();
+        assert!(ok(CallOptions::default(), Verb::Get));
+        let forced = CallOptions {
+            force: true,
+            ..CallOptions::default()
+        };
+        assert!(ok(forced.clone(), apply));
+        assert!(!ok(forced, merge), "force is for server-side apply only");
+        let paged = CallOptions {
+            field_selector: Some("spec.nodeName=n1".into()),
+            limit: Some(100),
+            continue_token: Some("abc".into()),
+            ..CallOptions::default()
+        };
+        assert!(ok(paged.clone(), Verb::List));
+        assert!(!ok(paged, Verb::Get));
+        for limit in [0, 10_001] {
+            let o = CallOptions {
+                limit: Some(limit),
+                ..CallOptions::default()
+            };
+            assert!(!ok(o, Verb::List), "limit {limit}");
+        }
+        let deleting = CallOptions {
+            propagation: Some(Propagation::Foreground),
+            precondition_uid: Some("u-1".into()),
+            dry_run: true,
+            ..CallOptions::default()
+        };
+        assert!(ok(deleting.clone(), Verb::Delete));
+        assert!(!ok(deleting, merge), "propagation is for delete only");
+        for (suffix, good) in [
+            ("labels", true),
+            ("", false),
+            ("Bad", false),
+            ("a b", false),
+        ] {
+            let o = CallOptions {
+                field_manager_suffix: Some(suffix.into()),
+                ..CallOptions::default()
+            };
+            assert_eq!(ok(o, merge), good, "suffix {suffix:?}");
+        }
+        let control = CallOptions {
+            field_selector: Some("a=\u{1}".into()),
+            ..CallOptions::default()
+        };
+        assert!(!ok(control, Verb::List));
+        let long = CallOptions {
+            continue_token: Some("x".repeat(9000)),
+            ..CallOptions::default()
+        };
+        assert!(!ok(long, Verb::List));
+    }
+}

@@ -152,12 +152,13 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
         self.add_after(key, delay);
     }
 
-    /// A retry after `delay` that still counts as a failure (the plugin said when to come back):
-    /// the failure count grows as with [`Self::add_rate_limited`], the limiter's delay is not used.
+    /// A retry no sooner than `delay` (the plugin said when to come back), counted as a failure
+    /// as with [`Self::add_rate_limited`]: the later of `delay` and the key's backoff, so a delay
+    /// of zero cannot make a key spin.
     pub fn add_failed_after(&self, key: K, delay: Duration) {
-        let _ = self.limiter.when(&key);
+        let backoff = self.limiter.when(&key);
         self.observer.retried();
-        self.add_after(key, delay);
+        self.add_after(key, backoff.max(delay));
     }
 
     /// Clears the key's failure history (call on success).
@@ -344,6 +345,31 @@ mod tests {
             .await
             .ok()
             .flatten()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_delay_counts_as_a_failure_and_never_undercuts_the_backoff() {
+        let q = queue();
+        // Failures so far: the backoff is now well above zero.
+        for _ in 0..6 {
+            let _ = q.limiter.when(&"k");
+        }
+        let backoff_now = q.limiter.when(&"probe");
+        assert!(backoff_now > Duration::ZERO);
+        q.add_failed_after("k", Duration::ZERO);
+        assert_eq!(q.num_requeues(&"k"), 7);
+        // Zero asked: the backoff (5 ms doubled six times) still applies.
+        assert_eq!(try_get(&q).await, None);
+        tokio::time::advance(Duration::from_millis(400)).await;
+        assert_eq!(q.get().await, Some("k"));
+        q.done(&"k");
+        // A delay longer than the backoff is honoured.
+        q.forget(&"k");
+        q.add_failed_after("k", Duration::from_secs(30));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert_eq!(try_get(&q).await, None);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(q.get().await, Some("k"));
     }
 
     #[tokio::test(start_paused = true)]

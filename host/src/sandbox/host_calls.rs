@@ -35,9 +35,21 @@ impl CallCtx {
         what: &str,
         req: ApiRequest<'_>,
     ) -> wasmtime::Result<Result<String, ApiError>> {
+        let o = req.options;
+        // Every string from the guest counts, the options' too (they become query parameters).
         self.admit(
             what,
-            [req.body, req.name, req.namespace].map(|s| s.map_or(0, str::len)),
+            [
+                req.body,
+                req.name,
+                req.namespace,
+                o.field_selector.as_deref(),
+                o.continue_token.as_deref(),
+                o.field_manager_suffix.as_deref(),
+                o.precondition_uid.as_deref(),
+                o.precondition_resource_version.as_deref(),
+            ]
+            .map(|s| s.map_or(0, str::len)),
         )?;
         // An empty namespace is no namespace (all namespaces, or a cluster-scoped kind).
         let req = ApiRequest {
@@ -52,9 +64,18 @@ impl CallCtx {
             "subresource": req.subresource,
             "body": req.body,
         });
-        // Only when set: recordings of calls without options read as before.
-        if req.options != CallOptions::NONE {
-            args["options"] = json!(format!("{:?}", req.options));
+        // Only what differs from what the call meant before options existed (server-side apply
+        // was always forced): recordings of such calls read as before.
+        let implied = CallOptions {
+            force: req.verb == Verb::Patch(PatchKind::Apply),
+            ..CallOptions::default()
+        };
+        if *req.options != implied {
+            let mut options = options_json(req.options);
+            if implied.force && !req.options.force {
+                options["force"] = json!(false);
+            }
+            args["options"] = options;
         }
         if let Some(answer) = self.replayed(what, &args) {
             return Ok(api_result_from_json(&answer));
@@ -79,6 +100,32 @@ impl CallCtx {
             tape.note(call, args, answer());
         }
     }
+}
+
+/// The options that are set, as JSON (for recordings).
+fn options_json(o: &CallOptions) -> Value {
+    let mut v = serde_json::Map::new();
+    let mut put = |k: &str, x: Value| {
+        if !x.is_null() && x != Value::Bool(false) {
+            v.insert(k.to_string(), x);
+        }
+    };
+    put("fieldSelector", json!(o.field_selector));
+    put("limit", json!(o.limit));
+    put("continue", json!(o.continue_token));
+    put("fieldManagerSuffix", json!(o.field_manager_suffix));
+    put("force", json!(o.force));
+    put("dryRun", json!(o.dry_run));
+    put(
+        "propagation",
+        json!(o.propagation.map(|p| format!("{p:?}"))),
+    );
+    put("preconditionUid", json!(o.precondition_uid));
+    put(
+        "preconditionResourceVersion",
+        json!(o.precondition_resource_version),
+    );
+    Value::Object(v)
 }
 
 fn kind_json(k: &KindRef) -> Value {

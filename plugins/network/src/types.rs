@@ -86,10 +86,18 @@ pub struct Condition {
     pub reason: String,
     #[serde(default)]
     pub message: String,
+    // The plugin always writes it; a default of "" would not be a date-time, which the API
+    // server refuses in a CRD.
     #[serde(default)]
+    #[schemars(extend("format" = "date-time"), transform = no_default)]
     pub last_transition_time: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A field's schema without the `default` that `#[serde(default)]` gives it.
+fn no_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
 }
 
 impl NetworkStatus {
