@@ -239,18 +239,7 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
         params: &PatchParams,
         patch: &Patch<P>,
     ) -> Result<K, ApiError> {
-        let body = serde_json::to_string(patch.body()).map_err(ApiError::serialization)?;
-        let json = self
-            .host
-            .patch(
-                &self.kind,
-                &self.key(name),
-                patch.patch_type(),
-                &body,
-                params,
-            )
-            .map_err(|e| Self::patch_error(patch.patch_type(), e))?;
-        self.read(&json)
+        self.send_patch(name, params, patch, false)
     }
 
     fn default_params<P: Serialize>(patch: &Patch<P>) -> PatchParams {
@@ -272,17 +261,25 @@ impl<K: Resource + Serialize + DeserializeOwned> Api<K> {
         params: &PatchParams,
         patch: &Patch<P>,
     ) -> Result<K, ApiError> {
+        self.send_patch(name, params, patch, true)
+    }
+
+    fn send_patch<P: Serialize>(
+        &self,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch<P>,
+        status: bool,
+    ) -> Result<K, ApiError> {
         let body = serde_json::to_string(patch.body()).map_err(ApiError::serialization)?;
-        let json = self
-            .host
-            .patch_status(
-                &self.kind,
-                &self.key(name),
-                patch.patch_type(),
-                &body,
-                params,
-            )
-            .map_err(|e| Self::patch_error(patch.patch_type(), e))?;
+        let (key, patch_type) = (self.key(name), patch.patch_type());
+        let sent = if status {
+            self.host
+                .patch_status(&self.kind, &key, patch_type, &body, params)
+        } else {
+            self.host.patch(&self.kind, &key, patch_type, &body, params)
+        };
+        let json = sent.map_err(|e| Self::patch_error(patch_type, e))?;
         self.read(&json)
     }
 

@@ -95,6 +95,7 @@ mod params;
 mod reconcile;
 mod resource;
 pub mod testing;
+mod typed;
 mod types;
 #[cfg(target_arch = "wasm32")]
 mod wasm;
@@ -109,6 +110,7 @@ pub use finalizer::{FinalizerEvent, finalizer};
 pub use host::Host;
 pub use params::{DeleteParams, ListParams, PatchParams, Propagation};
 pub use reconcile::{Action, Error, Reconciler, Request};
+pub use typed::{Controller, Typed};
 pub use types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
 /// The k8s-openapi this SDK is built with (API version 1.36): use its types for typed objects.

@@ -873,3 +873,69 @@ fn errors_keep_their_source() {
     assert_eq!(e.source().map(|s| s.to_string()), Some(parse.to_string()));
     assert_eq!(e.message(), "configuration replicas");
 }
+
+/// A typed controller: the object arrives as a ConfigMap.
+struct TypedCounter;
+
+impl wcm_sdk::Controller for TypedCounter {
+    type Primary = ConfigMap;
+
+    fn describe() -> Description {
+        Description::new("typed-counter", "1.0.0")
+            .permission(Permission::of::<ConfigMap>(&["patch"]))
+    }
+
+    fn reconcile(ctx: &Context, cm: Option<ConfigMap>, req: Request) -> Result<Action, Error> {
+        let Some(cm) = cm else {
+            return Ok(Action::done());
+        };
+        let keys = cm.data.unwrap_or_default().len().to_string();
+        ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default())
+            .patch(
+                req.name(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"keys": keys}}})),
+            )?;
+        Ok(Action::done())
+    }
+}
+
+/// Says it reconciles ConfigMaps but watches Pods.
+struct Mismatched;
+
+impl wcm_sdk::Controller for Mismatched {
+    type Primary = ConfigMap;
+
+    fn describe() -> Description {
+        Description::new("mismatched", "1.0.0")
+    }
+
+    fn watch() -> Watch {
+        Watch::of::<Pod>()
+    }
+
+    fn reconcile(_ctx: &Context, _cm: Option<ConfigMap>, _req: Request) -> Result<Action, Error> {
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn a_typed_controller_gets_its_primary_type() {
+    use wcm_sdk::Typed;
+    let host = MockHost::for_reconciler::<Typed<TypedCounter>>();
+    let mut c = cm("ns", "app");
+    c.data = Some([("a".to_string(), "1".to_string())].into());
+    host.seed(&c);
+    host.run::<Typed<TypedCounter>>(ObjectKey::namespaced("ns", "app"))
+        .expect("reconciled");
+    assert_eq!(
+        host.patches()[0].body,
+        json!({"metadata": {"annotations": {"keys": "1"}}})
+    );
+    let described = <Typed<TypedCounter> as Reconciler>::describe();
+    assert_eq!(described.primary, Some(Watch::of::<ConfigMap>()));
+    let mismatch = std::panic::catch_unwind(<Typed<Mismatched> as Reconciler>::describe);
+    assert!(
+        mismatch.is_err(),
+        "a primary watch of another kind is refused"
+    );
+}

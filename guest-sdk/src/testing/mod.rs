@@ -25,8 +25,10 @@
 //! A `list` applies label and field selectors (`a.b=c`, `==`, `!=` on any field) and pages
 //! (`limit`, `continue`); a dry run (patch, delete) is answered and not stored; a delete checks its
 //! UID and resourceVersion preconditions (409).
-//! Approximations: a strategic merge patch is applied as a merge patch (lists are replaced, not
-//! merged by key); server-side apply is a merge patch that creates the object when it is absent
+//! A strategic merge patch merges the lists of the built-in kinds by their merge keys
+//! (containers, env, volumes, ports, conditions, owner references, ...; `finalizers` as a set;
+//! `$patch: delete` and `$deleteFromPrimitiveList`), and is refused (415) for a custom resource.
+//! Approximations: merge keys are known by field name, not from the schema; server-side apply is a merge patch that creates the object when it is absent
 //! (no field ownership, no conflicts); `delete` of an object with finalizers sets
 //! `deletionTimestamp`, and the object goes when a write leaves it with no finalizers.
 //!
@@ -947,9 +949,16 @@ impl State {
         };
         let mut patched = stored.clone();
         match patch_type {
-            PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
-                patch::merge(&mut patched, &patch)
+            // The API server takes strategic merge patches for built-in kinds only.
+            PatchType::Strategic if !is_built_in(kind) => {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                ));
             }
+            PatchType::Strategic => patch::strategic(&mut patched, &patch),
+            PatchType::Merge | PatchType::Apply => patch::merge(&mut patched, &patch),
             // The API server's answer, word for word (the mock adds what failed).
             PatchType::Json => patch::json(&mut patched, &patch).map_err(|e| {
                 ApiError::new(
@@ -1412,9 +1421,7 @@ fn field_label_supported(kind: &KindRef, label: &str) -> bool {
     if matches!(label, "metadata.name" | "metadata.namespace") {
         return true;
     }
-    let built_in =
-        kind.group.is_empty() || !kind.group.contains('.') || kind.group.ends_with(".k8s.io");
-    if !built_in {
+    if !is_built_in(kind) {
         return true;
     }
     let extra: &[&str] = match (kind.group.as_str(), kind.kind.as_str()) {
@@ -1449,4 +1456,10 @@ fn field_label_supported(kind: &KindRef, label: &str) -> bool {
         _ => &[],
     };
     extra.contains(&label)
+}
+
+/// A kind of the API server itself (core, `apps`, `*.k8s.io`), not a custom resource: an
+/// approximation by group (a CRD may take a `*.k8s.io` group with approval, as `Network` does).
+fn is_built_in(kind: &KindRef) -> bool {
+    kind.group.is_empty() || !kind.group.contains('.') || kind.group.ends_with(".k8s.io")
 }

@@ -1,5 +1,5 @@
-//! JSON merge patch (RFC 7386) and JSON patch (RFC 6902) on `serde_json::Value`, as the API server
-//! applies them.
+//! JSON merge patch (RFC 7386), JSON patch (RFC 6902) and strategic merge patch on
+//! `serde_json::Value`, as the API server applies them.
 
 use serde_json::{Map, Value};
 
@@ -19,6 +19,111 @@ pub(crate) fn merge(target: &mut Value, patch: &Value) {
                 t.remove(k);
             } else {
                 merge(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+/// The merge key of a list field of the built-in kinds (their `patchMergeKey`), by field name;
+/// `None`: the list is replaced. `ports` merges by `containerPort` in a container, by `port`
+/// elsewhere (a Service).
+fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
+    Some(match field {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "resourceClaims" => "name",
+        "volumeMounts" => "mountPath",
+        "volumeDevices" => "devicePath",
+        "hostAliases" => "ip",
+        "conditions" => "type",
+        "ownerReferences" => "uid",
+        "topologySpreadConstraints" => "topologyKey",
+        "ports" if items.iter().any(|i| i.get("containerPort").is_some()) => "containerPort",
+        "ports" => "port",
+        _ => return None,
+    })
+}
+
+/// Lists of values merged as sets (`patchStrategy: merge` on a list of strings).
+fn is_set(field: &str) -> bool {
+    field == "finalizers"
+}
+
+/// Applies a strategic merge patch as the API server does for the built-in kinds: objects merge,
+/// `null` removes; lists with a merge key merge item by item (an item with `$patch: delete`
+/// removes its match); `finalizers` merges as a set, and `$deleteFromPrimitiveList/finalizers`
+/// removes from it; other lists are replaced. `$setElementOrder/…` and `$retainKeys` directives
+/// are accepted and have no effect on the result here.
+pub(crate) fn strategic(target: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(t) = target else {
+        return;
+    };
+    for (k, v) in members {
+        if k.starts_with("$setElementOrder/") || k == "$retainKeys" || k == "$patch" {
+            continue;
+        }
+        if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
+            if let (Some(Value::Array(list)), Value::Array(gone)) = (t.get_mut(field), v) {
+                list.retain(|x| !gone.contains(x));
+            }
+            continue;
+        }
+        if v.is_null() {
+            t.remove(k);
+            continue;
+        }
+        match (t.get_mut(k), v) {
+            (Some(Value::Array(old)), Value::Array(new)) if is_set(k) => {
+                for x in new {
+                    if !old.contains(x) {
+                        old.push(x.clone());
+                    }
+                }
+            }
+            (Some(Value::Array(old)), Value::Array(new)) => match merge_key(k, new) {
+                Some(key) => merge_list(old, new, key),
+                None => *old = new.clone(),
+            },
+            (Some(old), new) => strategic(old, new),
+            (None, new) => {
+                let mut fresh = Value::Null;
+                strategic(&mut fresh, new);
+                // A fresh list keeps no deletion markers.
+                if let Value::Array(items) = &mut fresh {
+                    items.retain(|i| i.get("$patch").is_none());
+                }
+                t.insert(k.clone(), fresh);
+            }
+        }
+    }
+}
+
+fn merge_list(old: &mut Vec<Value>, new: &[Value], key: &str) {
+    for item in new {
+        let id = item.get(key);
+        let position = id.and_then(|id| old.iter().position(|o| o.get(key) == Some(id)));
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (position, delete) {
+            (Some(i), true) => {
+                old.remove(i);
+            }
+            (None, true) => {}
+            (Some(i), false) => strategic(&mut old[i], item),
+            (None, false) => {
+                let mut fresh = Value::Null;
+                strategic(&mut fresh, item);
+                old.push(fresh);
             }
         }
     }
@@ -158,6 +263,45 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn strategic_merge_merges_lists_by_key_as_the_api_server_does() {
+        let mut pod = json!({"metadata": {"finalizers": ["a"]}, "spec": {"containers": [
+            {"name": "app", "image": "app:1", "env": [{"name": "A", "value": "1"}]},
+            {"name": "side", "image": "side:1"}
+        ], "tolerations": [{"key": "x"}]}});
+        strategic(
+            &mut pod,
+            &json!({"metadata": {"finalizers": ["b"]}, "spec": {
+                "containers": [
+                    {"name": "app", "image": "app:2", "env": [{"name": "B", "value": "2"}]},
+                    {"name": "side", "$patch": "delete"},
+                    {"name": "new", "image": "new:1"}
+                ],
+                "tolerations": [{"key": "y"}],
+                "$setElementOrder/containers": [{"name": "app"}, {"name": "new"}]
+            }}),
+        );
+        assert_eq!(
+            pod,
+            json!({"metadata": {"finalizers": ["a", "b"]}, "spec": {"containers": [
+            {"name": "app", "image": "app:2", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
+            {"name": "new", "image": "new:1"}
+        ], "tolerations": [{"key": "y"}]}})
+        );
+        strategic(
+            &mut pod,
+            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}),
+        );
+        assert_eq!(pod["metadata"]["finalizers"], json!(["b"]));
+        // A merge patch of the same body would have replaced the containers.
+        let mut merged = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        merge(
+            &mut merged,
+            &json!({"spec": {"containers": [{"name": "c"}]}}),
+        );
+        assert_eq!(merged["spec"]["containers"], json!([{"name": "c"}]));
+    }
 
     #[test]
     fn merge_patch_follows_rfc_7386() {

@@ -308,22 +308,8 @@ impl client::Host for CallCtx {
         body: String,
         options: client::PatchOptions,
     ) -> wasmtime::Result<Result<String, ApiError>> {
-        let verb = Verb::Patch(PatchKind::from(patch_type));
-        let call = patch_options(options);
-        self.api(
-            "client.patch",
-            ApiRequest {
-                options: &call,
-                ..req(
-                    verb,
-                    &kind,
-                    key.namespace.as_deref(),
-                    Some(&key.name),
-                    Some(&body),
-                )
-            },
-        )
-        .await
+        self.patch_call("client.patch", None, kind, key, patch_type, body, options)
+            .await
     }
 
     async fn patch_status(
@@ -334,21 +320,15 @@ impl client::Host for CallCtx {
         body: String,
         options: client::PatchOptions,
     ) -> wasmtime::Result<Result<String, ApiError>> {
-        let verb = Verb::Patch(PatchKind::from(patch_type));
-        let call = patch_options(options);
-        self.api(
+        let status = Some("status");
+        self.patch_call(
             "client.patch-status",
-            ApiRequest {
-                subresource: Some("status"),
-                options: &call,
-                ..req(
-                    verb,
-                    &kind,
-                    key.namespace.as_deref(),
-                    Some(&key.name),
-                    Some(&body),
-                )
-            },
+            status,
+            kind,
+            key,
+            patch_type,
+            body,
+            options,
         )
         .await
     }
@@ -382,6 +362,35 @@ impl client::Host for CallCtx {
             )
             .await?;
         Ok(out.map(|_| ()))
+    }
+}
+
+impl CallCtx {
+    /// A patch of the object or of one of its subresources.
+    #[allow(clippy::too_many_arguments)]
+    async fn patch_call(
+        &mut self,
+        what: &str,
+        subresource: Option<&str>,
+        kind: KindRef,
+        key: ObjectKey,
+        patch_type: client::PatchType,
+        body: String,
+        options: client::PatchOptions,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        let verb = Verb::Patch(PatchKind::from(patch_type));
+        let call = patch_options(options);
+        let name = Some(key.name.as_str());
+        let request = req(verb, &kind, key.namespace.as_deref(), name, Some(&body));
+        self.api(
+            what,
+            ApiRequest {
+                subresource,
+                options: &call,
+                ..request
+            },
+        )
+        .await
     }
 }
 
