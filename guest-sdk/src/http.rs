@@ -302,7 +302,7 @@ impl std::error::Error for HttpError {}
 impl From<HttpError> for Error {
     fn from(e: HttpError) -> Self {
         if e.is_retryable() {
-            // A 429/503's Retry-After says when to come back: the host waits that long.
+            // A 429/503's Retry-After says when to come back: the host waits at least that long.
             let after = e.retry_after;
             let err = Error::retryable(e.message.clone()).with_source(e);
             match after {

@@ -46,8 +46,10 @@ pub trait Controller {
     fn describe() -> Description;
 
     /// The primary watch: all objects of [`Controller::Primary`] by default; narrow it (a
-    /// namespace, a label selector, metadata only, a change filter) but keep its kind — another
-    /// kind here makes `describe` panic, and the host refuses the plugin with that message.
+    /// namespace, a label selector, a change filter, metadata only with a
+    /// `PartialObjectMeta<K>` primary) but keep its kind — another kind, or a metadata-only watch
+    /// of a type that needs more than metadata, makes `describe` panic, and the host refuses the
+    /// plugin with that message.
     fn watch() -> Watch {
         Watch::of::<Self::Primary>()
     }
@@ -80,6 +82,20 @@ impl<C: Controller> Reconciler for Typed<C> {
             watch.kind,
             expected
         );
+        // A metadata-only watch hands out objects with nothing but metadata: the type must read
+        // them (a `PartialObjectMeta<K>`, or a type whose other fields are all optional).
+        if watch.metadata_only {
+            let bare = serde_json::json!({
+                "apiVersion": expected.api_version(), "kind": expected.kind, "metadata": {}
+            });
+            if let Err(e) = serde_json::from_value::<C::Primary>(bare) {
+                panic!(
+                    "the primary watch is metadata-only, but the Primary type cannot be read from \
+                     metadata alone ({e}): use PartialObjectMeta<{}>",
+                    expected.kind
+                );
+            }
+        }
         C::describe().primary(watch)
     }
 

@@ -939,3 +939,45 @@ fn a_typed_controller_gets_its_primary_type() {
         "a primary watch of another kind is refused"
     );
 }
+
+/// Counts Pods into one aggregate key, and notes which Nodes own Pods (a cluster-scoped primary).
+struct NodeOwners;
+
+impl Reconciler for NodeOwners {
+    fn describe() -> Description {
+        Description::new("node-owners", "1.0.0")
+            .primary(Watch::of::<Node>())
+            .secondary(Watch::of::<Pod>(), Mapping::AnyOwner)
+    }
+
+    fn reconcile(_ctx: &Context, _req: Request) -> Result<Action, Error> {
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn run_controller_maps_as_the_host_does() {
+    let host = MockHost::for_reconciler::<NodeOwners>();
+    for name in ["n1", "n2", "n3"] {
+        host.seed(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}));
+    }
+    let pod = |owner: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mirror", "namespace": "kube-system",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": owner, "uid": owner}]}})
+    };
+    // At start cached secondaries map too (to n1, already listed); a Node is cluster-scoped, so
+    // the key has no namespace.
+    host.seed(&pod("n1"));
+    let run = host.run_controller::<NodeOwners>(20);
+    let nodes = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| ObjectKey::cluster(n))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run.keys(), nodes(&["n1", "n2", "n3"]), "{run:?}");
+    // The owner moves from n1 to n2: the old owner is woken again too (n2 is still queued).
+    host.seed_api(&pod("n2"));
+    let run = host.run_controller::<NodeOwners>(20);
+    assert_eq!(run.keys(), nodes(&["n1", "n2", "n3", "n1"]), "{run:?}");
+}

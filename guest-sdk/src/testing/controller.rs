@@ -68,23 +68,91 @@ fn covers(w: &Watch, obj: &Value) -> bool {
     namespace_ok && labels_ok
 }
 
-/// The owner references of `obj` that point at `primary` (only the controller one, or all).
-fn owners(obj: &Value, primary: &KindRef, controller_only: bool) -> Vec<ObjectKey> {
-    let namespace = meta_str(obj, "namespace");
+/// The primary key in `obj`'s namespace, or cluster-scoped, as the primary kind is.
+fn primary_key(obj: &Value, primary_namespaced: bool, name: &str) -> ObjectKey {
+    let namespace = if primary_namespaced {
+        meta_str(obj, "namespace")
+    } else {
+        None
+    };
+    ObjectKey::new(namespace, name)
+}
+
+/// The owner references of `obj` that point at `primary` (only the controller one, or all),
+/// matched by group and kind as the host matches them.
+fn owners(
+    obj: &Value,
+    primary: &KindRef,
+    namespaced: bool,
+    controller_only: bool,
+) -> Vec<ObjectKey> {
     obj.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter(|o| !controller_only || o.get("controller") == Some(&Value::Bool(true)))
         .filter(|o| {
+            let api_version = o.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+            let group = api_version.split_once('/').map_or("", |(g, _)| g);
             o.get("kind").and_then(Value::as_str) == Some(primary.kind.as_str())
-                && o.get("apiVersion").and_then(Value::as_str)
-                    == Some(primary.api_version().as_str())
+                && group == primary.group
         })
         .filter_map(|o| o.get("name").and_then(Value::as_str))
-        .map(|name| ObjectKey::new(namespace, name))
+        .map(|name| primary_key(obj, namespaced, name))
         .collect()
 }
+
+/// A label value the host takes as a name (it ignores others).
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
+/// The primary keys `obj` maps to through `mapping`.
+fn mapped(
+    obj: &Value,
+    own: &ObjectKey,
+    mapping: &Mapping,
+    primary: &KindRef,
+    ns: bool,
+) -> Vec<ObjectKey> {
+    match mapping {
+        Mapping::SameKey => vec![own.clone()],
+        Mapping::FixedKey(k) => vec![k.clone()],
+        Mapping::ControllerOwner => owners(obj, primary, ns, true),
+        Mapping::AnyOwner => owners(obj, primary, ns, false),
+        Mapping::Label(label) => obj
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get(label))
+            .and_then(Value::as_str)
+            .filter(|v| is_name(v))
+            .map(|v| vec![primary_key(obj, ns, v)])
+            .unwrap_or_default(),
+    }
+}
+
+/// Kinds of the API server that are cluster-scoped (a custom kind is taken as namespaced unless
+/// its seeded objects say otherwise).
+const CLUSTER_SCOPED: &[&str] = &[
+    "Node",
+    "Namespace",
+    "PersistentVolume",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "APIService",
+    "CSIDriver",
+    "CSINode",
+    "RuntimeClass",
+    "IngressClass",
+    "VolumeAttachment",
+];
 
 impl MockHost {
     /// Runs plugin `R` as the host's controller does, until nothing is left to do or
@@ -112,16 +180,33 @@ impl MockHost {
             panic!("run_controller needs a primary watch");
         };
         let primary_gk: GroupKind = (primary.kind.group.clone(), primary.kind.kind.clone());
-        let mut queue: VecDeque<ObjectKey> = {
+        let namespaced = self.namespaced(&primary.kind);
+        // As after the host's first lists: every cached primary, then what every cached secondary
+        // maps to.
+        let mut queue: VecDeque<ObjectKey> = VecDeque::new();
+        {
             let st = self.state.borrow();
-            st.cache
-                .get(&primary_gk)
-                .into_iter()
-                .flatten()
-                .filter(|(_, obj)| covers(&primary, obj))
-                .map(|(key, _)| key.clone())
-                .collect()
-        };
+            let mut push = |k: ObjectKey| {
+                if !queue.contains(&k) {
+                    queue.push_back(k);
+                }
+            };
+            for (key, obj) in st.cache.get(&primary_gk).into_iter().flatten() {
+                if covers(&primary, obj) {
+                    push(key.clone());
+                }
+            }
+            for s in &declared.secondaries {
+                let gk = (s.watch.kind.group.clone(), s.watch.kind.kind.clone());
+                for (key, obj) in st.cache.get(&gk).into_iter().flatten() {
+                    if covers(&s.watch, obj) {
+                        mapped(obj, key, &s.mapping, &primary.kind, namespaced)
+                            .into_iter()
+                            .for_each(&mut push);
+                    }
+                }
+            }
+        }
         let mut failures: std::collections::BTreeMap<ObjectKey, u32> = Default::default();
         let mut run = ControllerRun::default();
         while let Some(key) = queue.pop_front() {
@@ -165,13 +250,13 @@ impl MockHost {
                         });
                     }
                 }
-                Err(e) => match e.retry_after_delay() {
-                    Some(d) => {
-                        *failures.entry(key.clone()).or_default() += 1;
+                Err(e) => {
+                    // Retried (the host waits the later of the delay and the backoff).
+                    if let Some(d) = e.retry_after_delay() {
                         run.requeued.push((key.clone(), d));
                     }
-                    None => retry = true,
-                },
+                    retry = true;
+                }
             }
             run.steps.push(ControllerStep {
                 key: key.clone(),
@@ -182,13 +267,15 @@ impl MockHost {
                 let n = failures.entry(key.clone()).or_default();
                 *n += 1;
                 if *n > MAX_MOCK_RETRIES {
-                    run.gave_up.push(key.clone());
+                    if !run.gave_up.contains(&key) {
+                        run.gave_up.push(key.clone());
+                    }
                 } else if !queue.contains(&key) {
                     queue.push_back(key.clone());
                 }
             }
             self.sync_cache();
-            for woken in self.woken_keys(&declared.secondaries, &primary, &before) {
+            for woken in self.woken_keys(&declared.secondaries, &primary, namespaced, &before) {
                 if !queue.contains(&woken) {
                     queue.push_back(woken);
                 }
@@ -207,11 +294,32 @@ impl MockHost {
         st.cached_view(kind, obj)
     }
 
-    /// The keys the changes between `before` and the cache now wake, as the host maps them.
+    /// Whether the primary kind is namespaced: as its seeded objects say, else by the API
+    /// server's cluster-scoped kinds.
+    fn namespaced(&self, kind: &KindRef) -> bool {
+        let st = self.state.borrow();
+        let gk = (kind.group.clone(), kind.kind.clone());
+        let seen = st
+            .cache
+            .get(&gk)
+            .into_iter()
+            .chain(st.api.get(&gk))
+            .flatten()
+            .next();
+        match seen {
+            Some((key, _)) => key.namespace.is_some(),
+            None => !(super::is_built_in(kind) && CLUSTER_SCOPED.contains(&kind.kind.as_str())),
+        }
+    }
+
+    /// The keys the changes between `before` and the cache now wake, as the host maps them: the
+    /// old and the new object both map; an object that enters or leaves a watch (its selector,
+    /// its namespace) is an add or a delete there, never held back by a change filter.
     fn woken_keys(
         &self,
         secondaries: &[crate::describe::Secondary],
         primary: &Watch,
+        namespaced: bool,
         before: &super::Store,
     ) -> BTreeSet<ObjectKey> {
         let st = self.state.borrow();
@@ -232,37 +340,27 @@ impl MockHost {
                 if was.map(content) == is.map(content) {
                     continue;
                 }
-                let Some(obj) = is.or(was) else { continue };
-                let wakes = |w: &Watch| {
+                let same_kind = |w: &Watch| {
                     (w.kind.group.as_str(), w.kind.kind.as_str()) == (gk.0.as_str(), gk.1.as_str())
-                        && covers(w, obj)
-                        && match (was, is) {
-                            (Some(a), Some(b)) => w.changes.wakes(a, b),
-                            _ => true,
-                        }
                 };
-                if wakes(primary) {
+                // What the watch delivers: both sides it sees (an add, an update, a delete).
+                let seen = |w: &Watch| -> Vec<&Value> {
+                    if !same_kind(w) {
+                        return Vec::new();
+                    }
+                    let before = was.filter(|o| covers(w, o));
+                    let after = is.filter(|o| covers(w, o));
+                    match (before, after) {
+                        (Some(a), Some(b)) if !w.changes.wakes(a, b) => Vec::new(),
+                        (a, b) => a.into_iter().chain(b).collect(),
+                    }
+                };
+                if !seen(primary).is_empty() {
                     woken.insert(key.clone());
                 }
-                for s in secondaries.iter().filter(|s| wakes(&s.watch)) {
-                    match &s.mapping {
-                        Mapping::SameKey => {
-                            woken.insert(key.clone());
-                        }
-                        Mapping::FixedKey(k) => {
-                            woken.insert(k.clone());
-                        }
-                        Mapping::ControllerOwner => woken.extend(owners(obj, &primary.kind, true)),
-                        Mapping::AnyOwner => woken.extend(owners(obj, &primary.kind, false)),
-                        Mapping::Label(label) => {
-                            if let Some(v) = obj
-                                .pointer("/metadata/labels")
-                                .and_then(|l| l.get(label))
-                                .and_then(Value::as_str)
-                            {
-                                woken.insert(ObjectKey::new(meta_str(obj, "namespace"), v));
-                            }
-                        }
+                for s in secondaries {
+                    for obj in seen(&s.watch) {
+                        woken.extend(mapped(obj, key, &s.mapping, &primary.kind, namespaced));
                     }
                 }
             }

@@ -27,7 +27,9 @@
 //! UID and resourceVersion preconditions (409).
 //! A strategic merge patch merges the lists of the built-in kinds by their merge keys
 //! (containers, env, volumes, ports, conditions, owner references, ...; `finalizers` as a set;
-//! `$patch: delete` and `$deleteFromPrimitiveList`), and is refused (415) for a custom resource.
+//! `$patch: delete`, `$deleteFromPrimitiveList`, `$setElementOrder`; the patch's items first, as
+//! there), and is refused (415) for a custom resource; `$retainKeys` and `$patch: replace` are
+//! refused (400) rather than applied differently.
 //! Approximations: merge keys are known by field name, not from the schema; server-side apply is a merge patch that creates the object when it is absent
 //! (no field ownership, no conflicts); `delete` of an object with finalizers sets
 //! `deletionTimestamp`, and the object goes when a write leaves it with no finalizers.
@@ -957,7 +959,7 @@ impl State {
                     "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
                 ));
             }
-            PatchType::Strategic => patch::strategic(&mut patched, &patch),
+            PatchType::Strategic => patch::strategic(&mut patched, &patch).map_err(bad_request)?,
             PatchType::Merge | PatchType::Apply => patch::merge(&mut patched, &patch),
             // The API server's answer, word for word (the mock adds what failed).
             PatchType::Json => patch::json(&mut patched, &patch).map_err(|e| {
@@ -1458,8 +1460,32 @@ fn field_label_supported(kind: &KindRef, label: &str) -> bool {
     extra.contains(&label)
 }
 
-/// A kind of the API server itself (core, `apps`, `*.k8s.io`), not a custom resource: an
-/// approximation by group (a CRD may take a `*.k8s.io` group with approval, as `Network` does).
+/// A kind of the API server itself, by its group (a CRD may take a `*.k8s.io` group with
+/// approval, as `samplecrd.k8s.io` does: it is not one of these).
 fn is_built_in(kind: &KindRef) -> bool {
-    kind.group.is_empty() || !kind.group.contains('.') || kind.group.ends_with(".k8s.io")
+    matches!(
+        kind.group.as_str(),
+        "" | "apps"
+            | "batch"
+            | "autoscaling"
+            | "policy"
+            | "admissionregistration.k8s.io"
+            | "apiextensions.k8s.io"
+            | "apiregistration.k8s.io"
+            | "authentication.k8s.io"
+            | "authorization.k8s.io"
+            | "certificates.k8s.io"
+            | "coordination.k8s.io"
+            | "discovery.k8s.io"
+            | "events.k8s.io"
+            | "flowcontrol.apiserver.k8s.io"
+            | "internal.apiserver.k8s.io"
+            | "networking.k8s.io"
+            | "node.k8s.io"
+            | "rbac.authorization.k8s.io"
+            | "resource.k8s.io"
+            | "scheduling.k8s.io"
+            | "storage.k8s.io"
+            | "storagemigration.k8s.io"
+    )
 }

@@ -55,22 +55,37 @@ fn is_set(field: &str) -> bool {
 
 /// Applies a strategic merge patch as the API server does for the built-in kinds: objects merge,
 /// `null` removes; lists with a merge key merge item by item (an item with `$patch: delete`
-/// removes its match); `finalizers` merges as a set, and `$deleteFromPrimitiveList/finalizers`
-/// removes from it; other lists are replaced. `$setElementOrder/…` and `$retainKeys` directives
-/// are accepted and have no effect on the result here.
-pub(crate) fn strategic(target: &mut Value, patch: &Value) {
+/// removes its match), `finalizers` merges as a set, `$deleteFromPrimitiveList/finalizers` removes
+/// from it; other lists are replaced. In a merged list the patch's items come first, in its
+/// order, then the ones only the object had (or the order of `$setElementOrder/<list>`).
+/// `$patch: replace`, `$patch: delete` on an object and `$retainKeys` are not supported: an error
+/// says so, rather than a result the API server would not give.
+pub(crate) fn strategic(target: &mut Value, patch: &Value) -> Result<(), String> {
     let Value::Object(members) = patch else {
         *target = patch.clone();
-        return;
+        return Ok(());
     };
+    if let Some(directive) = members
+        .get("$patch")
+        .or(members.get("$retainKeys").map(|_| &Value::Null))
+    {
+        return Err(format!(
+            "the mock does not apply this strategic-merge directive: {}",
+            if directive.is_null() {
+                "$retainKeys".to_string()
+            } else {
+                format!("$patch: {directive}")
+            }
+        ));
+    }
     if !target.is_object() {
         *target = Value::Object(Map::new());
     }
     let Value::Object(t) = target else {
-        return;
+        return Ok(());
     };
     for (k, v) in members {
-        if k.starts_with("$setElementOrder/") || k == "$retainKeys" || k == "$patch" {
+        if k.starts_with("$setElementOrder/") {
             continue;
         }
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
@@ -83,50 +98,74 @@ pub(crate) fn strategic(target: &mut Value, patch: &Value) {
             t.remove(k);
             continue;
         }
+        let order = members
+            .get(&format!("$setElementOrder/{k}"))
+            .and_then(Value::as_array);
         match (t.get_mut(k), v) {
             (Some(Value::Array(old)), Value::Array(new)) if is_set(k) => {
-                for x in new {
-                    if !old.contains(x) {
-                        old.push(x.clone());
-                    }
-                }
+                let mut merged: Vec<Value> = new.clone();
+                merged.extend(old.iter().filter(|x| !new.contains(x)).cloned());
+                *old = merged;
             }
             (Some(Value::Array(old)), Value::Array(new)) => match merge_key(k, new) {
-                Some(key) => merge_list(old, new, key),
+                Some(key) => merge_list(old, new, key, order)?,
                 None => *old = new.clone(),
             },
-            (Some(old), new) => strategic(old, new),
+            (Some(old), new) => strategic(old, new)?,
             (None, new) => {
                 let mut fresh = Value::Null;
-                strategic(&mut fresh, new);
-                // A fresh list keeps no deletion markers.
-                if let Value::Array(items) = &mut fresh {
-                    items.retain(|i| i.get("$patch").is_none());
+                match new {
+                    Value::Array(items) => {
+                        let mut list = Vec::new();
+                        if let Some(key) = merge_key(k, items) {
+                            merge_list(&mut list, items, key, order)?;
+                        } else {
+                            list = items.clone();
+                        }
+                        fresh = Value::Array(list);
+                    }
+                    other => strategic(&mut fresh, other)?,
                 }
                 t.insert(k.clone(), fresh);
             }
         }
     }
+    Ok(())
 }
 
-fn merge_list(old: &mut Vec<Value>, new: &[Value], key: &str) {
+fn merge_list(
+    old: &mut Vec<Value>,
+    new: &[Value],
+    key: &str,
+    order: Option<&Vec<Value>>,
+) -> Result<(), String> {
+    let mut rest: Vec<Value> = std::mem::take(old);
+    let mut merged = Vec::new();
     for item in new {
-        let id = item.get(key);
-        let position = id.and_then(|id| old.iter().position(|o| o.get(key) == Some(id)));
-        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-        match (position, delete) {
-            (Some(i), true) => {
-                old.remove(i);
-            }
-            (None, true) => {}
-            (Some(i), false) => strategic(&mut old[i], item),
-            (None, false) => {
-                let mut fresh = Value::Null;
-                strategic(&mut fresh, item);
-                old.push(fresh);
-            }
+        let Some(id) = item.get(key) else {
+            return Err(format!("a list item without its merge key {key:?}: {item}"));
+        };
+        let position = rest.iter().position(|o| o.get(key) == Some(id));
+        let matched = position.map(|i| rest.remove(i));
+        if item.get("$patch").and_then(Value::as_str) == Some("delete") {
+            continue;
         }
+        let mut base = matched.unwrap_or(Value::Null);
+        strategic(&mut base, item)?;
+        merged.push(base);
     }
+    merged.extend(rest);
+    if let Some(order) = order {
+        let rank = |v: &Value| {
+            order
+                .iter()
+                .position(|o| o.get(key).is_some() && o.get(key) == v.get(key))
+                .unwrap_or(usize::MAX)
+        };
+        merged.sort_by_key(rank);
+    }
+    *old = merged;
+    Ok(())
 }
 
 /// Applies a JSON patch atomically: on error `doc` is unchanged.
@@ -281,19 +320,32 @@ mod tests {
                 "tolerations": [{"key": "y"}],
                 "$setElementOrder/containers": [{"name": "app"}, {"name": "new"}]
             }}),
-        );
+        )
+        .expect("applies");
+        // The patch's items first (env B before A), unless $setElementOrder says otherwise.
         assert_eq!(
             pod,
-            json!({"metadata": {"finalizers": ["a", "b"]}, "spec": {"containers": [
-            {"name": "app", "image": "app:2", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
+            json!({"metadata": {"finalizers": ["b", "a"]}, "spec": {"containers": [
+            {"name": "app", "image": "app:2", "env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}]},
             {"name": "new", "image": "new:1"}
         ], "tolerations": [{"key": "y"}]}})
         );
         strategic(
             &mut pod,
             &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}),
-        );
+        )
+        .expect("applies");
         assert_eq!(pod["metadata"]["finalizers"], json!(["b"]));
+        // What the mock cannot do as the API server does, it refuses.
+        for unsupported in [
+            json!({"spec": {"strategy": {"$retainKeys": ["type"], "type": "Recreate"}}}),
+            json!({"spec": {"$patch": "replace", "replicas": 1}}),
+        ] {
+            assert!(
+                strategic(&mut pod.clone(), &unsupported).is_err(),
+                "{unsupported}"
+            );
+        }
         // A merge patch of the same body would have replaced the containers.
         let mut merged = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
         merge(
