@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{GroupKind, MockHost, RecordedEvent, meta_str};
+use super::{GroupKind, MockHost, RecordedEvent, content, covers, meta_str};
 use crate::describe::{Mapping, Watch};
 use crate::reconcile::{Action, Error, Reconciler, Request};
 use crate::types::{EventType, KindRef, ObjectKey, ObjectRef};
@@ -46,26 +46,6 @@ impl ControllerRun {
     pub fn keys(&self) -> Vec<ObjectKey> {
         self.steps.iter().map(|s| s.key.clone()).collect()
     }
-}
-
-/// A write that changed nothing but bookkeeping sends no watch event.
-fn content(o: &Value) -> Value {
-    let mut o = o.clone();
-    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-        m.remove("managedFields");
-    }
-    o
-}
-
-fn covers(w: &Watch, obj: &Value) -> bool {
-    let namespace_ok =
-        w.namespace.is_none() || w.namespace.as_deref() == meta_str(obj, "namespace");
-    let metadata = obj.get("metadata").cloned().unwrap_or(Value::Null);
-    let labels_ok = w.label_selector.as_deref().is_none_or(|s| {
-        super::selector::Selector::parse(s).is_ok_and(|sel| sel.matches(&metadata))
-    });
-    namespace_ok && labels_ok
 }
 
 /// The primary key in `obj`'s namespace, or cluster-scoped, as the primary kind is.

@@ -542,15 +542,6 @@ impl MockHost {
         let gk = group_kind(&primary.kind);
         let seen = st.cache.get(&gk).and_then(|objs| objs.get(key));
         let now = st.api.get(&gk).and_then(|objs| objs.get(key));
-        // A write that changed nothing but the resourceVersion sends no watch event.
-        let content = |o: &Value| {
-            let mut o = o.clone();
-            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-                m.remove("resourceVersion");
-                m.remove("managedFields");
-            }
-            o
-        };
         match (seen, now) {
             (Some(seen), Some(now)) => {
                 content(seen) != content(now) && primary.changes.wakes(seen, now)
@@ -625,17 +616,7 @@ impl State {
             return Some(obj.clone());
         };
         let metadata = obj.get("metadata").cloned().unwrap_or(Value::Null);
-        let covering: Vec<&&Watch> = watches
-            .iter()
-            .filter(|w| {
-                w.namespace.is_none() || w.namespace.as_deref() == meta_str(obj, "namespace")
-            })
-            .filter(|w| {
-                w.label_selector
-                    .as_deref()
-                    .is_none_or(|s| Selector::parse(s).is_ok_and(|s| s.matches(&metadata)))
-            })
-            .collect();
+        let covering: Vec<&&Watch> = watches.iter().filter(|w| covers(w, obj)).collect();
         if covering.is_empty() {
             return None;
         }
@@ -1111,6 +1092,33 @@ impl MockHost {
     }
 }
 
+impl MockHost {
+    /// A patch of the object ([`Verb::Patch`]) or of its status ([`Verb::PatchStatus`]).
+    fn patch_call(
+        &self,
+        verb: Verb,
+        kind: &KindRef,
+        key: &ObjectKey,
+        patch_type: PatchType,
+        body: &str,
+        params: &PatchParams,
+    ) -> Result<String, ApiError> {
+        let record = ApiCall {
+            body: Some(parse_body(body)),
+            patch_type: Some(patch_type),
+            dry_run: params.dry_run,
+            ..Self::record(verb, kind, key.namespace.as_deref(), Some(&key.name))
+        };
+        let status = verb == Verb::PatchStatus;
+        self.call(record, |st| {
+            check_patch_params(patch_type, params)?;
+            st.maybe_dry(params.dry_run, |st| {
+                st.patch(kind, key, patch_type, body, status)
+            })
+        })
+    }
+}
+
 impl Host for MockHost {
     fn get(&self, kind: &KindRef, key: &ObjectKey) -> Result<String, ApiError> {
         let record = Self::record(Verb::Get, kind, key.namespace.as_deref(), Some(&key.name));
@@ -1165,18 +1173,7 @@ impl Host for MockHost {
         body: &str,
         params: &PatchParams,
     ) -> Result<String, ApiError> {
-        let record = ApiCall {
-            body: Some(parse_body(body)),
-            patch_type: Some(patch_type),
-            dry_run: params.dry_run,
-            ..Self::record(Verb::Patch, kind, key.namespace.as_deref(), Some(&key.name))
-        };
-        self.call(record, |st| {
-            check_patch_params(patch_type, params)?;
-            st.maybe_dry(params.dry_run, |st| {
-                st.patch(kind, key, patch_type, body, false)
-            })
-        })
+        self.patch_call(Verb::Patch, kind, key, patch_type, body, params)
     }
 
     fn patch_status(
@@ -1187,23 +1184,7 @@ impl Host for MockHost {
         body: &str,
         params: &PatchParams,
     ) -> Result<String, ApiError> {
-        let record = ApiCall {
-            body: Some(parse_body(body)),
-            patch_type: Some(patch_type),
-            dry_run: params.dry_run,
-            ..Self::record(
-                Verb::PatchStatus,
-                kind,
-                key.namespace.as_deref(),
-                Some(&key.name),
-            )
-        };
-        self.call(record, |st| {
-            check_patch_params(patch_type, params)?;
-            st.maybe_dry(params.dry_run, |st| {
-                st.patch(kind, key, patch_type, body, true)
-            })
-        })
+        self.patch_call(Verb::PatchStatus, kind, key, patch_type, body, params)
     }
 
     fn delete(
@@ -1488,4 +1469,27 @@ fn is_built_in(kind: &KindRef) -> bool {
             | "storage.k8s.io"
             | "storagemigration.k8s.io"
     )
+}
+
+/// An object as a watch event compares it: a write that changed nothing but the resourceVersion
+/// (or managed fields) sends no event.
+fn content(o: &Value) -> Value {
+    let mut o = o.clone();
+    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("managedFields");
+    }
+    o
+}
+
+/// Whether `w` sees `obj`: its namespace and its label selector.
+fn covers(w: &Watch, obj: &Value) -> bool {
+    let namespace_ok =
+        w.namespace.is_none() || w.namespace.as_deref() == meta_str(obj, "namespace");
+    let metadata = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    let labels_ok = w
+        .label_selector
+        .as_deref()
+        .is_none_or(|s| Selector::parse(s).is_ok_and(|sel| sel.matches(&metadata)));
+    namespace_ok && labels_ok
 }

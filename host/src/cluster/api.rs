@@ -299,41 +299,22 @@ impl ApiAccess {
             }
             Verb::Patch(kind) => {
                 let v = json()?;
-                let (pp, patch) = match kind {
-                    PatchKind::Merge => (
-                        PatchParams {
-                            field_manager: Some(manager.clone()),
-                            dry_run,
-                            ..Default::default()
-                        },
-                        Patch::Merge(v),
-                    ),
-                    PatchKind::Strategic => (
-                        PatchParams {
-                            field_manager: Some(manager.clone()),
-                            dry_run,
-                            ..Default::default()
-                        },
-                        Patch::Strategic(v),
-                    ),
-                    PatchKind::Apply => {
-                        let mut pp = PatchParams::apply(&manager);
-                        pp.force = options.force;
-                        pp.dry_run = dry_run;
-                        (pp, Patch::Apply(v))
-                    }
+                // Force is checked to come only with server-side apply.
+                let pp = PatchParams {
+                    field_manager: Some(manager),
+                    dry_run,
+                    force: options.force,
+                    ..Default::default()
+                };
+                let patch = match kind {
+                    PatchKind::Merge => Patch::Merge(v),
+                    PatchKind::Strategic => Patch::Strategic(v),
+                    PatchKind::Apply => Patch::Apply(v),
                     PatchKind::Json => {
                         let p: json_patch::Patch = serde_json::from_value(v).map_err(|e| {
                             ApiFailure::bad_request(format!("not a JSON patch: {e}"))
                         })?;
-                        (
-                            PatchParams {
-                                field_manager: Some(manager.clone()),
-                                dry_run,
-                                ..Default::default()
-                            },
-                            Patch::Json(p),
-                        )
+                        Patch::Json(p)
                     }
                 };
                 let out = match subresource {

@@ -162,7 +162,6 @@ impl CallCtx {
         Some((calls, http, clock))
     }
 
-    /// Resets the per-call accounting before a call into a reused instance.
     /// Names the key a reconcile call is for (its log lines carry it).
     pub(crate) fn set_key(&mut self, key: &crate::contract::ObjectKey) {
         self.key.clear();
@@ -173,6 +172,7 @@ impl CallCtx {
         self.key.push_str(&key.name);
     }
 
+    /// Resets the per-call accounting before a call into a reused instance.
     pub(crate) fn begin_call(&mut self) {
         self.key.clear();
         self.clock.reset();
