@@ -1,7 +1,9 @@
 //! Sandbox costs, measured in one process so the ratios are fair:
 //! - per-reconcile dispatch of an 8.7 KB Pod to a typed guest (fresh instance per call, the default),
-//!   against native serde_json parsing of the same Pod into k8s-openapi's Pod;
-//! - instantiation from the InstancePre (no call);
+//!   against native serde_json parsing of the same Pod into k8s-openapi's Pod (with and without
+//!   dropping it: the guest's call drops its Pod, the plain parse does not);
+//! - instantiation from the InstancePre (no call), and the drop of that instance (the reset of its
+//!   pooled memory);
 //! - marginal resident memory per loaded idle plugin;
 //! - start-up time with 10 precompiled plugins.
 //!
@@ -107,6 +109,14 @@ fn main() {
         std::hint::black_box(&pod);
         native.push(t.elapsed());
     }
+    // The same with the Pod dropped inside the timing, as the guest's call does.
+    let mut native_drop = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let pod: Pod = serde_json::from_str(std::hint::black_box(POD)).expect("pod");
+        drop(std::hint::black_box(pod));
+        native_drop.push(t.elapsed());
+    }
     // Wasm: the whole dispatch — fresh instance, the Pod JSON copied in, typed parse, result back.
     let mut wasm = Vec::with_capacity(iterations);
     rt.block_on(async {
@@ -137,18 +147,22 @@ fn main() {
             assert!(matches!(r, Ok(Ok(_))), "reconcile failed: {r:?}");
         }
     });
-    // Instantiation alone.
+    // Instantiation alone, and the drop of the instance.
     let mut inst = Vec::with_capacity(iterations);
+    let mut dropped = Vec::with_capacity(iterations);
     rt.block_on(async {
         for _ in 0..iterations {
-            let took = runtime
+            let (made, gone) = runtime
                 .instantiate_only(&compiled, services.clone(), &limits)
                 .await
                 .expect("instantiate");
-            inst.push(took);
+            inst.push(made);
+            dropped.push(gone);
         }
     });
     let (n50, n99) = percentiles(native);
+    let (d50, d99) = percentiles(native_drop);
+    let (x50, x99) = percentiles(dropped);
     let (w50, w99) = percentiles(wasm);
     let (i50, i99) = percentiles(inst);
     let (h50, h99) = percentiles(warm_times);
@@ -181,6 +195,11 @@ fn main() {
         us(n99)
     );
     println!(
+        "| native serde_json → k8s-openapi Pod, then dropped | {} | {} |",
+        us(d50),
+        us(d99)
+    );
+    println!(
         "| wasm dispatch, typed guest, fresh instance | {} | {} |",
         us(w50),
         us(w99)
@@ -188,6 +207,10 @@ fn main() {
     println!(
         "| ratio wasm / native (p50) | {:.2}× | |",
         w50.as_secs_f64() / n50.as_secs_f64()
+    );
+    println!(
+        "| ratio wasm / native with the drop (p50) | {:.2}× | |",
+        w50.as_secs_f64() / d50.as_secs_f64()
     );
     println!(
         "| wasm dispatch, typed guest, warm instance per worker (opt-in) | {} | {} |",
@@ -202,6 +225,11 @@ fn main() {
         "| instantiate from InstancePre | {} | {} |",
         us(i50),
         us(i99)
+    );
+    println!(
+        "| drop of that instance, no call made (pooled memory reset) | {} | {} |",
+        us(x50),
+        us(x99)
     );
     println!(
         "| 10 precompiled plugins loaded (start-up) | {:.1} ms | |",

@@ -337,23 +337,28 @@ impl Runtime {
         (tape::result_json(&result), replay)
     }
 
-    /// Instantiates in a fresh store and drops it (for benchmarks of the instantiation cost).
+    /// Instantiates in a fresh store and drops it, for benchmarks of the per-call price of
+    /// isolation: returns the time to instantiate and the time to drop the store (which resets the
+    /// instance's pooled memory for the next one).
     pub async fn instantiate_only(
         &self,
         compiled: &Compiled,
         services: Arc<Services>,
         limits: &Limits,
-    ) -> Result<Duration, CallError> {
+    ) -> Result<(Duration, Duration), CallError> {
         let mut store = self.new_store(services, limits);
-        let _running = self.ticker.running();
+        let running = self.ticker.running();
         let started = Instant::now();
         compiled
             .pre
             .instantiate_async(&mut store)
             .await
             .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
-        // Dropping the store (and resetting its pooled memory) is not part of instantiation.
-        Ok(started.elapsed())
+        let instantiated = started.elapsed();
+        drop(running);
+        let started = Instant::now();
+        drop(store);
+        Ok((instantiated, started.elapsed()))
     }
 
     /// A store for one call, with its limits and CPU deadline set.
