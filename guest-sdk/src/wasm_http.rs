@@ -45,7 +45,7 @@ pub(crate) fn send(req: &HttpRequest) -> Result<HttpResponse, HttpError> {
     let headers = Fields::new();
     for (name, value) in &req.headers {
         headers
-            .append(name, &value.as_bytes().to_vec())
+            .append(name, value.as_bytes())
             .map_err(|e| invalid(format!("header {name:?}: {e:?}")))?;
     }
     // A known length: without it the body would go chunked, which some servers (Apache mod_wsgi

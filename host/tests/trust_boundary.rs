@@ -546,3 +546,185 @@ async fn the_host_needs_only_the_rbac_it_generates_for_its_plugins() -> Result<(
     manager.stop().await;
     Ok(())
 }
+
+/// The query parameters of an audit event's request URI, decoded.
+fn query(e: &AuditEvent) -> Vec<(String, String)> {
+    let q = e.request_uri.split_once('?').map_or("", |(_, q)| q);
+    form_urlencoded::parse(q.as_bytes()).into_owned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
+    const NS: &str = "wcm-oi";
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    ensure_namespace(&client, NS).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    cms.create(&PostParams::default(), &cm("victim", &[]))
+        .await?;
+    let dir = temp_dir("option-injection")?;
+    install(&dir, "option-injection", "option-injection.wasm")?;
+    let manager = start_manager(test_config(&dir)).await?;
+    let mark = env.audit_mark()?;
+    cms.create(
+        &PostParams::default(),
+        &cm("probe", &[("target", "victim")]),
+    )
+    .await?;
+    let attacks: Vec<serde_json::Value> = eventually(
+        "option-injection reports its attempts",
+        Duration::from_secs(60),
+        || async {
+            let c = cms.get("probe").await?;
+            let Some(text) = c
+                .metadata
+                .annotations
+                .and_then(|a| a.get("wcm.test/attacks").cloned())
+            else {
+                return Ok(None);
+            };
+            Ok(Some(serde_json::from_str(&text)?))
+        },
+    )
+    .await?;
+    let seen: BTreeMap<String, i64> = attacks
+        .iter()
+        .map(|a| {
+            (
+                a["attack"].as_str().unwrap_or_default().to_string(),
+                a["code"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    // Refused by the host (400), except where the value is printable text that stays inside its
+    // own parameter: the selector and the continue token reach the API server, which refuses
+    // them itself (checked below), and the precondition travels in the body, where it holds.
+    let want: BTreeMap<String, i64> = [
+        ("field selector smuggling a label selector", 400),
+        ("field selector with a newline", 400),
+        ("continue token smuggling a watch", 400),
+        ("limit 0", 400),
+        ("limit 100000", 400),
+        ("field manager suffix naming another manager", 400),
+        ("field manager suffix with capitals", 400),
+        ("force on a merge patch", 400),
+        ("precondition uid smuggling a dry run", 400),
+        ("precondition resourceVersion breaking out of the body", 409),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    assert_eq!(seen, want, "{attacks:?}");
+
+    // What the API server saw from the plugin, once its patch of the probe is in.
+    let user = plugin_user("option-injection");
+    let events = eventually(
+        "the patch of the probe in the audit log",
+        Duration::from_secs(30),
+        || async {
+            let events: Vec<AuditEvent> = env
+                .audit_events_since(mark)?
+                .into_iter()
+                .filter(|e| e.effective_user() == user)
+                .collect();
+            let patched = events.iter().any(|e| {
+                e.verb == "patch" && e.object_ref.as_ref().is_some_and(|o| o.name == "probe")
+            });
+            Ok(patched.then_some(events))
+        },
+    )
+    .await?;
+    let calls = |verb: &str| -> Vec<&AuditEvent> {
+        events
+            .iter()
+            .filter(|e| e.verb == verb && resource(e) == "configmaps" && namespace(e) == NS)
+            .collect()
+    };
+    // The two lists the host let through, each with its value inside its own parameter: no
+    // labelSelector, watch or resourceVersion parameter of the plugin's making.
+    let lists = calls("list");
+    assert_eq!(
+        lists.len(),
+        2,
+        "lists that reached the API server: {lists:?}"
+    );
+    for e in &lists {
+        let smuggled: Vec<(String, String)> = query(e)
+            .into_iter()
+            .filter(|(k, _)| k != "fieldSelector" && k != "continue")
+            .collect();
+        assert!(
+            smuggled.is_empty(),
+            "a list carried parameters the plugin smuggled: {smuggled:?} in {}",
+            e.request_uri
+        );
+    }
+    let selector = lists
+        .iter()
+        .flat_map(|e| query(e))
+        .find(|(k, _)| k == "fieldSelector")
+        .map(|(_, v)| v);
+    assert_eq!(
+        selector.as_deref(),
+        Some("metadata.name=x&labelSelector=app%3Dy"),
+        "the field selector as the API server received it"
+    );
+    let token = lists
+        .iter()
+        .flat_map(|e| query(e))
+        .find(|(k, _)| k == "continue")
+        .map(|(_, v)| v);
+    assert_eq!(token.as_deref(), Some("x&watch=true&resourceVersion=0"));
+    assert!(
+        lists.iter().all(|e| e.code() == Some(400)),
+        "the API server itself refuses both: {lists:?}"
+    );
+    // No patch but the plugin's own annotation of the probe, and none under another field manager.
+    let patches = calls("patch");
+    assert!(
+        patches
+            .iter()
+            .all(|e| e.object_ref.as_ref().is_some_and(|o| o.name == "probe")),
+        "a crafted patch reached the API server: {patches:?}"
+    );
+    for e in &patches {
+        for (k, v) in query(e) {
+            assert!(
+                k != "force" && (k != "fieldManager" || v == "option-injection"),
+                "patch with {k}={v}: {}",
+                e.request_uri
+            );
+        }
+    }
+    // One delete reached the API server, refused by its precondition (the body kept it whole),
+    // and nothing was deleted or dry-run by a smuggled parameter.
+    let deletes = calls("delete");
+    assert_eq!(deletes.len(), 1, "deletes: {deletes:?}");
+    assert_eq!(deletes[0].code(), Some(409), "{:?}", deletes[0]);
+    assert!(query(deletes[0]).is_empty(), "{}", deletes[0].request_uri);
+    let victim = cms.get("victim").await?;
+    assert!(
+        victim
+            .metadata
+            .labels
+            .is_none_or(|l| !l.contains_key("touched")),
+        "a crafted patch changed the victim"
+    );
+    // Besides ConfigMaps, only the host's own access reviews made as the plugin.
+    let elsewhere: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| resource(e) != "configmaps" && resource(e) != "selfsubjectaccessreviews")
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "the plugin reached another resource: {elsewhere:?}"
+    );
+    let invalid = metric(
+        &manager,
+        "wcm_invalid_host_calls_total",
+        &[("plugin", "option-injection")],
+    );
+    assert!(invalid >= 7.0, "invalid calls counted: {invalid}");
+    manager.stop().await;
+    Ok(())
+}
