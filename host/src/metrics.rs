@@ -451,6 +451,14 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
+    /// Removes the series of Lease `lease`, once its election is gone for good (a plugin that
+    /// stopped), so `/metrics` does not keep a series per plugin that ever ran.
+    pub fn forget_leader(&self, lease: &str) {
+        self.leader.remove(&Name {
+            name: lease.to_string(),
+        });
+    }
+
     /// The series of `labels` in `family`; made on first use, and then noted against `plugin`
     /// (its labels beyond the name, `extra`) so [`Metrics::forget_plugin`] can remove it.
     fn noted<'f, S, M, C>(

@@ -549,6 +549,31 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
         },
     )
     .await?;
+
+    // A plugin removed from the directory: its Lease is released, and its status series leaves
+    // /metrics with its election, while the others' stay.
+    std::fs::remove_file(dir.join("share-d.wasm"))?;
+    std::fs::remove_file(dir.join("share-d.toml"))?;
+    let series = |body: &str, plugin: &str| {
+        body.lines().any(|l| {
+            l.starts_with("leader_election_master_status{")
+                && l.contains(&format!("\"wasm-controller-manager-plugin-{plugin}\""))
+        })
+    };
+    eventually(
+        "share-d's Lease released and its series gone",
+        Duration::from_secs(30),
+        || async {
+            let holders = plugin_lease_holders(&leases, &["share-d"]).await?;
+            let (_, body) = http_get_at(third.addr, "/metrics").await?;
+            Ok((holders[0].is_empty() && !series(&body, "share-d")).then_some(()))
+        },
+    )
+    .await?;
+    let (_, body) = http_get_at(third.addr, "/metrics").await?;
+    for p in ["share-a", "share-b", "share-c"] {
+        assert!(series(&body, p), "{p}'s series went too:\n{body}");
+    }
     Ok(())
 }
 

@@ -235,7 +235,20 @@ impl Drop for PluginLease {
             }
         };
         if let (Some(l), Ok(rt)) = (elector, tokio::runtime::Handle::try_current()) {
-            rt.spawn(l.release());
+            let lease = owner.lease_name(&self.plugin);
+            let plugin = self.plugin.clone();
+            let owner = self.owner.clone();
+            rt.spawn(async move {
+                l.release().await;
+                // The plugin's status series goes with its election, unless a successor joined
+                // meanwhile (it sets its series once it is in the map: both under this lock).
+                if let Some(owner) = owner.upgrade() {
+                    let electors = owner.electors.lock().unwrap_or_else(|p| p.into_inner());
+                    if !electors.contains_key(&plugin) {
+                        owner.metrics.forget_leader(&lease);
+                    }
+                }
+            });
         }
     }
 }
@@ -260,6 +273,8 @@ impl PluginLeases {
             settings: settings.clone(),
             shares: shares.clone(),
             seen: HashMap::new(),
+            renewing: Trouble::default(),
+            counting: Trouble::default(),
         };
         let task = tokio::spawn(member.run(stopped));
         Ok(Arc::new(PluginLeases {
@@ -300,10 +315,15 @@ impl PluginLeases {
         }
     }
 
+    /// The name of `plugin`'s Lease.
+    fn lease_name(&self, plugin: &str) -> String {
+        format!("{}-plugin-{plugin}", self.settings.lease_name)
+    }
+
     fn join(self: &Arc<Self>, plugin: &str) -> PluginLease {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let settings = LeaderSettings {
-            lease_name: format!("{}-plugin-{plugin}", self.settings.lease_name),
+            lease_name: self.lease_name(plugin),
             identity: format!("{}-{generation}", self.settings.identity),
             ..self.settings.clone()
         };
@@ -340,11 +360,12 @@ impl PluginLeases {
             );
         if let Some(l) = leadership {
             // A previous elector of this plugin (its gates just went) is replaced, not leaked.
-            let old = self
-                .electors
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(plugin.to_string(), (generation, l));
+            let mut electors = self.electors.lock().unwrap_or_else(|p| p.into_inner());
+            let leading = l.is_leading();
+            let old = electors.insert(plugin.to_string(), (generation, l));
+            // Set again under the lock: a predecessor's release may have removed the series.
+            self.metrics.leader(&self.lease_name(plugin), leading);
+            drop(electors);
             if let Some((_, old)) = old {
                 tokio::spawn(old.release());
             }
@@ -414,6 +435,30 @@ struct Membership {
     /// Each member Lease's resourceVersion and when this replica first saw it: a member whose
     /// Lease has not changed for the lease duration (on this replica's clock) is gone.
     seen: HashMap<String, (String, Instant)>,
+    renewing: Trouble,
+    counting: Trouble,
+}
+
+/// The state of one recurring call, so a failure is a warning when it starts (or changes), not
+/// at every retry, and its end is said too.
+#[derive(Debug, Default)]
+struct Trouble {
+    failing: Option<String>,
+}
+
+impl Trouble {
+    /// Notes a failure; true when it is new (not the same error as the previous round).
+    fn failed(&mut self, e: impl std::fmt::Display) -> bool {
+        let e = e.to_string();
+        let new = self.failing.as_deref() != Some(e.as_str());
+        self.failing = Some(e);
+        new
+    }
+
+    /// Notes a success; true when it ends a failure.
+    fn worked(&mut self) -> bool {
+        self.failing.take().is_some()
+    }
 }
 
 impl Membership {
@@ -442,7 +487,7 @@ impl Membership {
         }
     }
 
-    async fn renew(&self) {
+    async fn renew(&mut self) {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let spec = LeaseSpec {
             holder_identity: Some(self.settings.identity.clone()),
@@ -472,8 +517,20 @@ impl Membership {
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = result {
-            tracing::debug!(lease = %self.name, "renewing the membership Lease failed: {e}");
+        match result {
+            Ok(_) if self.renewing.worked() => {
+                tracing::info!(lease = %self.name, "the membership Lease is renewed again");
+            }
+            Ok(_) => {}
+            Err(e) if self.renewing.failed(&e) => tracing::warn!(
+                lease = %self.name,
+                "renewing this replica's membership Lease failed: {e}; peers stop counting this \
+                 replica after the lease duration, so the plugins are not shared evenly until \
+                 it works (needs get, create and update on leases)"
+            ),
+            Err(e) => {
+                tracing::debug!(lease = %self.name, "renewing the membership Lease failed: {e}")
+            }
         }
     }
 
@@ -484,9 +541,23 @@ impl Membership {
             .list_metadata(&ListParams::default().labels(&selector))
             .await
         {
-            Ok(l) => l,
+            Ok(l) => {
+                if self.counting.worked() {
+                    tracing::info!("the membership Leases are listed again");
+                }
+                l
+            }
             Err(e) => {
-                tracing::debug!("listing the membership Leases failed: {e}");
+                if self.counting.failed(&e) {
+                    tracing::warn!(
+                        "listing the membership Leases failed: {e}; this replica keeps its last \
+                         count of replicas ({}), so its share of the plugins is not updated until \
+                         it works (needs list on leases)",
+                        self.shares.members.load(Ordering::Relaxed)
+                    );
+                } else {
+                    tracing::debug!("listing the membership Leases failed: {e}");
+                }
                 return;
             }
         };
@@ -530,5 +601,28 @@ impl Membership {
         if before != live {
             tracing::info!(members = live, "replicas sharing the plugins");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Trouble;
+
+    #[test]
+    fn a_failure_is_new_once_and_its_end_is_noticed() {
+        let mut t = Trouble::default();
+        assert!(!t.worked(), "nothing failed yet");
+        assert!(t.failed("403 forbidden"));
+        assert!(
+            !t.failed("403 forbidden"),
+            "the same failure again is not new"
+        );
+        assert!(t.failed("timed out"), "another failure is");
+        assert!(t.worked());
+        assert!(!t.worked());
+        assert!(
+            t.failed("403 forbidden"),
+            "a failure after a success is new again"
+        );
     }
 }
