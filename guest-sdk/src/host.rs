@@ -88,8 +88,16 @@ pub trait Host {
     /// A secret value referenced in the plugin's `NAME.toml`, resolved by the host.
     fn secret(&self, key: &str) -> Option<String>;
 
-    /// Sends an HTTP request over `wasi:http` and reads the whole response. A host without
-    /// outbound HTTP refuses every request.
+    /// Whether requests are sent over the component's own `wasi:http` imports (the real host)
+    /// instead of through [`Host::http`]. Keeping that path out of the trait's vtable keeps
+    /// `wasi:http` out of a component's imports unless the plugin sends a request.
+    #[doc(hidden)]
+    fn sends_over_wasi_http(&self) -> bool {
+        false
+    }
+
+    /// Sends an HTTP request and reads the whole response. A host without outbound HTTP refuses
+    /// every request.
     fn http(&self, req: &HttpRequest) -> Result<HttpResponse, HttpError> {
         Err(HttpError::new(
             HttpErrorKind::Denied,

@@ -437,6 +437,11 @@ impl RequestBuilder {
                 ),
             ));
         }
+        // Called directly, so only a plugin that sends requests imports wasi:http.
+        #[cfg(target_arch = "wasm32")]
+        if self.host.sends_over_wasi_http() {
+            return crate::wasm_http::send(&self.req);
+        }
         self.host.http(&self.req)
     }
 }

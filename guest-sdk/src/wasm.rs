@@ -203,11 +203,8 @@ impl Host for WasmHost {
         config::secret(k)
     }
 
-    fn http(
-        &self,
-        req: &crate::http::HttpRequest,
-    ) -> Result<crate::http::HttpResponse, crate::http::HttpError> {
-        crate::wasm_http::send(req)
+    fn sends_over_wasi_http(&self) -> bool {
+        true
     }
 }
 

@@ -38,7 +38,15 @@ fn inspect_prints_the_declaration() -> Result<()> {
         text.contains("export        wcm:reconciler/reconciler@0.2.0"),
         "{text}"
     );
+    // The SDK imports wasi:http only into plugins that send requests.
+    assert!(!text.contains("wasi:http"), "{text}");
 
+    let out = inspect(&common::plugin("http-get")?, false)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("import        wasi:http/outgoing-handler@"),
+        "{text}"
+    );
     let out = inspect(&common::plugin("http-get")?, true)?;
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
