@@ -9,6 +9,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
+use test_plugins::code;
 use wcm_sdk::{
     Action, Context, DeleteParams, Description, Error, ListParams, Patch, PatchParams, Permission,
     Reconciler, Request, Watch,
@@ -18,13 +19,6 @@ pub const NAMESPACE: &str = "wcm-oi";
 const RESULT: &str = "wcm.test/attacks";
 
 struct OptionInjection;
-
-fn code<T>(r: Result<T, wcm_sdk::ApiError>) -> u16 {
-    match r {
-        Ok(_) => 0,
-        Err(e) => e.code,
-    }
-}
 
 impl Reconciler for OptionInjection {
     fn describe() -> Description {
@@ -42,12 +36,7 @@ impl Reconciler for OptionInjection {
         let Some(target) = cm.data.as_ref().and_then(|d| d.get("target")).cloned() else {
             return Ok(Action::done());
         };
-        if cm
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(RESULT))
-        {
+        if test_plugins::has_annotation(&cm, RESULT) {
             return Ok(Action::done());
         }
         let api = ctx.api_namespaced::<ConfigMap>(NAMESPACE);

@@ -28,12 +28,7 @@ impl Reconciler for OptionsProbe {
         let Some(cm) = req.object::<ConfigMap>()? else {
             return Ok(Action::done());
         };
-        if cm
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(RESULT))
-        {
+        if test_plugins::has_annotation(&cm, RESULT) {
             return Ok(Action::done());
         }
         let ns = req.namespace().unwrap_or_default();

@@ -7,18 +7,12 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::json;
+use test_plugins::code;
 use wcm_sdk::{Action, Context, Description, Error, Patch, Permission, Reconciler, Request, Watch};
 
 pub const NAMESPACE: &str = "wcm-pi";
 
 struct PathInjection;
-
-fn code<T>(r: Result<T, wcm_sdk::ApiError>) -> u16 {
-    match r {
-        Ok(_) => 0,
-        Err(e) => e.code,
-    }
-}
 
 impl Reconciler for PathInjection {
     fn describe() -> Description {
@@ -34,12 +28,7 @@ impl Reconciler for PathInjection {
         let Some(target) = cm.data.as_ref().and_then(|d| d.get("target")).cloned() else {
             return Ok(Action::done());
         };
-        if cm
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key("wcm.test/attacks"))
-        {
+        if test_plugins::has_annotation(&cm, "wcm.test/attacks") {
             return Ok(Action::done());
         }
         let ns = NAMESPACE;

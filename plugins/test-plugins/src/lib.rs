@@ -33,6 +33,22 @@ pub fn annotate(ctx: &Context, cm: &ConfigMap, key: &str, value: &str) -> Result
     Ok(true)
 }
 
+/// Whether the ConfigMap carries annotation `key` (a probe that has already reported).
+pub fn has_annotation(cm: &ConfigMap, key: &str) -> bool {
+    cm.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(key))
+}
+
+/// The HTTP code of a call's answer, 0 for success: what the hostile probes report.
+pub fn code<T>(r: Result<T, wcm_sdk::ApiError>) -> u16 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.code,
+    }
+}
+
 /// A plugin named `name` whose primary watch is every ConfigMap (full objects, all namespaces).
 pub fn configmap_plugin(name: &str) -> Description {
     Description::new(name, VERSION).primary(Watch::of::<ConfigMap>())
