@@ -5,7 +5,8 @@ use crate::http::{HttpError, HttpErrorKind, HttpRequest, HttpResponse};
 use crate::params::{DeleteParams, ListParams, PatchParams};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
-/// Everything a plugin can ask of its host, one method per import of the contract.
+/// Everything a plugin can ask of its host, one method per import of the contract (and one that
+/// says how HTTP is sent).
 ///
 /// Plugin code normally goes through [`Context`](crate::Context) and its typed wrappers; this trait
 /// is the raw, JSON-in/JSON-out layer beneath them ([`Context::host`](crate::Context::host)).
@@ -97,7 +98,8 @@ pub trait Host {
     }
 
     /// Sends an HTTP request and reads the whole response. A host without outbound HTTP refuses
-    /// every request.
+    /// every request. In a plugin, send with `ctx.http()`: the wasm host sends from there, and
+    /// answers this method with an error that says so.
     fn http(&self, req: &HttpRequest) -> Result<HttpResponse, HttpError> {
         Err(HttpError::new(
             HttpErrorKind::Denied,

@@ -474,7 +474,7 @@ fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a st
         .map(|(_, v)| v.as_str())
 }
 
-fn shorten(s: &str) -> String {
+pub(crate) fn shorten(s: &str) -> String {
     s.chars().take(100).collect()
 }
 

@@ -206,6 +206,21 @@ impl Host for WasmHost {
     fn sends_over_wasi_http(&self) -> bool {
         true
     }
+
+    // Not `wasm_http::send` here: a vtable entry would import wasi:http into every plugin.
+    fn http(
+        &self,
+        req: &crate::http::HttpRequest,
+    ) -> Result<crate::http::HttpResponse, crate::http::HttpError> {
+        Err(crate::http::HttpError::new(
+            crate::http::HttpErrorKind::InvalidRequest,
+            format!(
+                "send HTTP requests with ctx.http() (...).send(), not Host::http ({} {})",
+                req.method,
+                crate::http::shorten(&req.url)
+            ),
+        ))
+    }
 }
 
 fn watch(w: Watch) -> wit::Watch {

@@ -1,5 +1,6 @@
-//! [`Host::http`](crate::Host::http) in the wasm build: one request over `wasi:http`, the whole
-//! response read into memory (bounded by the request's `max_body`).
+//! Outbound HTTP in the wasm build, called directly by `RequestBuilder::send` (not through the
+//! [`Host`](crate::Host) trait, so only plugins that send requests import `wasi:http`): one
+//! request, the whole response read into memory (bounded by the request's `max_body`).
 
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{

@@ -1,12 +1,12 @@
 //! The trust boundary, proven by what the API server saw (its audit log), with hostile plugins:
 //! crafted namespaces, names, kinds and selectors reach nothing; a watch without a grant serves
 //! nothing and waits until the operator grants it (then starts without a restart, and stops again
-//! when the grant is revoked); events about objects outside the grant are refused; every call goes
-//! out under the plugin's own identity.
+//! when the grant is revoked); events about objects outside the grant are refused; crafted call
+//! options smuggle no parameter; every call goes out under the plugin's own identity.
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -589,7 +589,8 @@ async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
         .collect();
     // Refused by the host (400), except where the value is printable text that stays inside its
     // own parameter: the selector and the continue token reach the API server, which refuses
-    // them itself (checked below), and the precondition travels in the body, where it holds.
+    // them itself (checked below), and the precondition travels in the body, where it stays a
+    // precondition and fails (409).
     let want: BTreeMap<String, i64> = [
         ("field selector smuggling a label selector", 400),
         ("field selector with a newline", 400),
@@ -625,6 +626,8 @@ async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
         },
     )
     .await?;
+    // The probe may be reconciled more than once (another test's plugin annotating it wakes it
+    // again before its report lands), so requests are judged by their distinct URIs, not counted.
     let calls = |verb: &str| -> Vec<&AuditEvent> {
         events
             .iter()
@@ -634,8 +637,9 @@ async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
     // The two lists the host let through, each with its value inside its own parameter: no
     // labelSelector, watch or resourceVersion parameter of the plugin's making.
     let lists = calls("list");
+    let distinct: BTreeSet<&str> = lists.iter().map(|e| e.request_uri.as_str()).collect();
     assert_eq!(
-        lists.len(),
+        distinct.len(),
         2,
         "lists that reached the API server: {lists:?}"
     );
@@ -690,9 +694,14 @@ async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
     // One delete reached the API server, refused by its precondition (the body kept it whole),
     // and nothing was deleted or dry-run by a smuggled parameter.
     let deletes = calls("delete");
-    assert_eq!(deletes.len(), 1, "deletes: {deletes:?}");
-    assert_eq!(deletes[0].code(), Some(409), "{:?}", deletes[0]);
-    assert!(query(deletes[0]).is_empty(), "{}", deletes[0].request_uri);
+    assert!(
+        !deletes.is_empty(),
+        "the delete with a precondition never arrived"
+    );
+    for e in &deletes {
+        assert_eq!(e.code(), Some(409), "{e:?}");
+        assert!(query(e).is_empty(), "{}", e.request_uri);
+    }
     let victim = cms.get("victim").await?;
     assert!(
         victim
@@ -715,6 +724,7 @@ async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
         "wcm_invalid_host_calls_total",
         &[("plugin", "option-injection")],
     );
+    // Seven a run (at least one run).
     assert!(invalid >= 7.0, "invalid calls counted: {invalid}");
     manager.stop().await;
     Ok(())

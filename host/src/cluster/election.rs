@@ -361,10 +361,13 @@ impl PluginLeases {
         if let Some(l) = leadership {
             // A previous elector of this plugin (its gates just went) is replaced, not leaked.
             let mut electors = self.electors.lock().unwrap_or_else(|p| p.into_inner());
-            let leading = l.is_leading();
+            // Set again under the lock: a predecessor's release may have removed the series. The
+            // borrow holds the elector's next change (and its own metric write) until this one.
+            let holds = l.subscribe();
+            let leading = holds.borrow();
+            self.metrics.leader(&self.lease_name(plugin), *leading);
+            drop(leading);
             let old = electors.insert(plugin.to_string(), (generation, l));
-            // Set again under the lock: a predecessor's release may have removed the series.
-            self.metrics.leader(&self.lease_name(plugin), leading);
             drop(electors);
             if let Some((_, old)) = old {
                 tokio::spawn(old.release());
@@ -495,27 +498,42 @@ impl Membership {
             renew_time: Some(now),
             ..Default::default()
         };
-        let result = match self.leases.get_opt(&self.name).await {
-            Ok(Some(mut lease)) => {
-                lease.spec = Some(spec);
-                self.leases
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
+        let write = async {
+            match self.leases.get_opt(&self.name).await {
+                Ok(Some(mut lease)) => {
+                    lease.spec = Some(spec);
+                    self.leases
+                        .replace(&self.name, &PostParams::default(), &lease)
+                        .await
+                        .map(drop)
+                }
+                Ok(None) => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            labels: Some(
+                                [(MEMBER_LABEL.to_string(), self.settings.lease_name.clone())]
+                                    .into(),
+                            ),
+                            ..Default::default()
+                        },
+                        spec: Some(spec),
+                    };
+                    self.leases
+                        .create(&PostParams::default(), &lease)
+                        .await
+                        .map(drop)
+                }
+                Err(e) => Err(e),
             }
-            Ok(None) => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        labels: Some(
-                            [(MEMBER_LABEL.to_string(), self.settings.lease_name.clone())].into(),
-                        ),
-                        ..Default::default()
-                    },
-                    spec: Some(spec),
-                };
-                self.leases.create(&PostParams::default(), &lease).await
-            }
-            Err(e) => Err(e),
+        };
+        // Half the round each, so a call that hangs is a failure reported here, not a round cut.
+        let result = match tokio::time::timeout(self.settings.renew_deadline / 2, write).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {:?}",
+                self.settings.renew_deadline / 2
+            )),
         };
         match result {
             Ok(_) if self.renewing.worked() => {
@@ -536,11 +554,18 @@ impl Membership {
 
     async fn count(&mut self) {
         let selector = format!("{MEMBER_LABEL}={}", self.settings.lease_name);
-        let list = match self
-            .leases
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await
-        {
+        let listed = tokio::time::timeout(
+            self.settings.renew_deadline / 2,
+            self.leases
+                .list_metadata(&ListParams::default().labels(&selector)),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                format!("no answer within {:?}", self.settings.renew_deadline / 2).into(),
+            ))
+        });
+        let list = match listed {
             Ok(l) => {
                 if self.counting.worked() {
                     tracing::info!("the membership Leases are listed again");
