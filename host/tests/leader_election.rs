@@ -574,6 +574,26 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     for p in ["share-a", "share-b", "share-c"] {
         assert!(series(&body, p), "{p}'s series went too:\n{body}");
     }
+
+    // Added back: a new election (a new generation in the holder) takes the Lease, and the series
+    // is back at 1.
+    install(&dir, "well-behaved", "share-d.wasm")?;
+    std::fs::write(dir.join("share-d.toml"), "name = \"share-d\"\n")?;
+    eventually(
+        "share-d led again, its series back",
+        Duration::from_secs(30),
+        || async {
+            let holders = plugin_lease_holders(&leases, &["share-d"]).await?;
+            let (_, body) = http_get_at(third.addr, "/metrics").await?;
+            let leading = testenv::sum_metric(
+                &body,
+                "leader_election_master_status",
+                &[("name", "wasm-controller-manager-plugin-share-d")],
+            );
+            Ok((holders[0].starts_with("third_") && leading == 1.0).then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }
 
