@@ -336,6 +336,16 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
 }
 
 /// The holder of each plugin's Lease, as the API server has them.
+/// Plugin `name` in `dir`: a copy of `well-behaved` renamed by its NAME.toml.
+fn add_plugin(dir: &Path, name: &str) -> Result<()> {
+    install(dir, "well-behaved", &format!("{name}.wasm"))?;
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!("name = \"{name}\"\n"),
+    )?;
+    Ok(())
+}
+
 async fn plugin_lease_holders(leases: &Api<Lease>, plugins: &[&str]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for p in plugins {
@@ -379,8 +389,7 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let dir = temp_dir("per-plugin")?;
     for p in PLUGINS {
-        install(&dir, "well-behaved", &format!("{p}.wasm"))?;
-        std::fs::write(dir.join(format!("{p}.toml")), format!("name = \"{p}\"\n"))?;
+        add_plugin(&dir, p)?;
     }
     grant_dir(&dir).await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -577,19 +586,18 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
 
     // Added back: a new election (a new generation in the holder) takes the Lease, and the series
     // is back at 1.
-    install(&dir, "well-behaved", "share-d.wasm")?;
-    std::fs::write(dir.join("share-d.toml"), "name = \"share-d\"\n")?;
+    add_plugin(&dir, "share-d")?;
     eventually(
         "share-d led again, its series back",
         Duration::from_secs(30),
         || async {
             let holders = plugin_lease_holders(&leases, &["share-d"]).await?;
-            let (_, body) = http_get_at(third.addr, "/metrics").await?;
-            let leading = testenv::sum_metric(
-                &body,
-                "leader_election_master_status",
-                &[("name", "wasm-controller-manager-plugin-share-d")],
-            );
+            let leading = third
+                .metric(
+                    "leader_election_master_status",
+                    &[("name", "wasm-controller-manager-plugin-share-d")],
+                )
+                .await?;
             Ok((holders[0].starts_with("third_") && leading == 1.0).then_some(()))
         },
     )

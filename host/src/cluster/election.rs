@@ -322,8 +322,9 @@ impl PluginLeases {
 
     fn join(self: &Arc<Self>, plugin: &str) -> PluginLease {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let lease_name = self.lease_name(plugin);
         let settings = LeaderSettings {
-            lease_name: self.lease_name(plugin),
+            lease_name: lease_name.clone(),
             identity: format!("{}-{generation}", self.settings.identity),
             ..self.settings.clone()
         };
@@ -365,7 +366,7 @@ impl PluginLeases {
             // borrow holds the elector's next change (and its own metric write) until this one.
             let holds = l.subscribe();
             let leading = holds.borrow();
-            self.metrics.leader(&self.lease_name(plugin), *leading);
+            self.metrics.leader(&lease_name, *leading);
             drop(leading);
             let old = electors.insert(plugin.to_string(), (generation, l));
             drop(electors);
@@ -440,6 +441,18 @@ struct Membership {
     seen: HashMap<String, (String, Instant)>,
     renewing: Trouble,
     counting: Trouble,
+}
+
+/// `call`, cut at `limit` (each membership call has half the round), so a call that hangs is a
+/// failure reported like any other, not a round cut off before it could say so.
+async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {limit:?}")),
+    }
 }
 
 /// The state of one recurring call, so a failure is a warning when it starts (or changes), not
@@ -527,15 +540,7 @@ impl Membership {
                 Err(e) => Err(e),
             }
         };
-        // Half the round each, so a call that hangs is a failure reported here, not a round cut.
-        let result = match tokio::time::timeout(self.settings.renew_deadline / 2, write).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "no answer within {:?}",
-                self.settings.renew_deadline / 2
-            )),
-        };
-        match result {
+        match within(self.settings.renew_deadline / 2, write).await {
             Ok(_) if self.renewing.worked() => {
                 tracing::info!(lease = %self.name, "the membership Lease is renewed again");
             }
@@ -554,18 +559,9 @@ impl Membership {
 
     async fn count(&mut self) {
         let selector = format!("{MEMBER_LABEL}={}", self.settings.lease_name);
-        let listed = tokio::time::timeout(
-            self.settings.renew_deadline / 2,
-            self.leases
-                .list_metadata(&ListParams::default().labels(&selector)),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(kube::Error::Service(
-                format!("no answer within {:?}", self.settings.renew_deadline / 2).into(),
-            ))
-        });
-        let list = match listed {
+        let params = ListParams::default().labels(&selector);
+        let listed = self.leases.list_metadata(&params);
+        let list = match within(self.settings.renew_deadline / 2, listed).await {
             Ok(l) => {
                 if self.counting.worked() {
                     tracing::info!("the membership Leases are listed again");
