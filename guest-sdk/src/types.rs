@@ -130,6 +130,9 @@ impl ApiError {
     /// `reason` of a 403 from the host itself: the plugin never declared this call in `describe`
     /// (no request reached the API server; trying again cannot help until a new version declares it).
     pub const NOT_DECLARED: &'static str = "NotDeclared";
+    /// `reason` of a 403 from the host itself: the call is declared, but names a namespace where
+    /// the plugin does not act (the operator sets them: `namespaces` in its NAME.toml).
+    pub const OUT_OF_SCOPE: &'static str = "OutOfScope";
 
     /// An error with the given code, reason and message.
     pub fn new(code: u16, reason: &str, message: &str) -> Self {
@@ -195,12 +198,16 @@ impl ApiError {
     /// Whether trying again later can help. Terminal: 400 BadRequest, 405 MethodNotAllowed,
     /// 413 RequestEntityTooLarge, 415 UnsupportedMediaType, 422 Invalid (but a JSON patch that
     /// does not apply to the object as it is now comes back as a 409 conflict), a call the plugin never
-    /// declared (403 `NotDeclared`, refused by the host) and the SDK's serialization errors.
+    /// declared (403 `NotDeclared`) or one outside the namespaces where the plugin acts (403
+    /// `OutOfScope`), both refused by the host, and the SDK's serialization errors.
     /// Everything else is retryable: no answer (0), 403 from the API server (a grant can come
     /// later, and a restarted API server refuses for a moment until its RBAC cache has synced),
     /// 404 (the cache may lag behind the API server), 409 conflicts, 410, 429 and 5xx.
     pub fn is_retryable(&self) -> bool {
-        if self.reason == Self::SERIALIZATION || self.reason == Self::NOT_DECLARED {
+        if self.reason == Self::SERIALIZATION
+            || self.reason == Self::NOT_DECLARED
+            || self.reason == Self::OUT_OF_SCOPE
+        {
             return false;
         }
         !matches!(self.code, 400 | 405 | 413 | 415 | 422)

@@ -71,6 +71,82 @@ fn undeclared_calls_are_forbidden() {
     );
 }
 
+/// Patches ConfigMaps and Namespaces; watches ConfigMaps of one namespace only.
+struct OneNamespace;
+
+impl Reconciler for OneNamespace {
+    fn describe() -> Description {
+        Description::new("one-namespace", "1.0.0")
+            .primary(Watch::of::<ConfigMap>().namespace("team"))
+            .permission(Permission::of::<ConfigMap>(&["get", "list", "patch"]))
+            .permission(Permission::new("", "namespaces", &["patch"]))
+    }
+
+    fn reconcile(_: &Context, _: Request) -> Result<Action, Error> {
+        Ok(Action::done())
+    }
+}
+
+#[test]
+fn calls_outside_the_namespaces_where_it_acts_are_refused_as_by_the_host() {
+    let label = Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}));
+    let out_of_scope = |r: Result<ConfigMap, ApiError>| {
+        let err = r.expect_err("out of scope");
+        assert_eq!(
+            (err.code, err.reason.as_str()),
+            (403, "OutOfScope"),
+            "{err}"
+        );
+        assert!(Error::from(err).is_terminal());
+    };
+    // Where it watches, never wcm-system (where the host and the plugins' identities live).
+    let host = MockHost::for_reconciler::<OneNamespace>();
+    for ns in ["team", "other", "wcm-system"] {
+        host.seed(&cm(ns, "c"));
+    }
+    let ctx = host.context();
+    assert!(
+        ctx.api_namespaced::<ConfigMap>("team")
+            .patch("c", &label)
+            .is_ok()
+    );
+    out_of_scope(ctx.api_namespaced::<ConfigMap>("other").patch("c", &label));
+    out_of_scope(ctx.api_namespaced::<ConfigMap>("wcm-system").get("c"));
+    let across = ctx
+        .api::<ConfigMap>()
+        .list(None)
+        .expect_err("all namespaces");
+    assert_eq!(across.reason, "OutOfScope", "{across}");
+    let ns_patch = ctx
+        .api::<k8s_openapi::api::core::v1::Namespace>()
+        .patch("wcm-system", &label)
+        .expect_err("the protected namespace's own object");
+    assert_eq!(ns_patch.reason, "OutOfScope");
+    // A plugin watching every namespace acts in all but wcm-system.
+    let host = MockHost::for_reconciler::<Plugin>();
+    for ns in ["team", "wcm-system"] {
+        host.seed(&cm(ns, "c"));
+    }
+    let ctx = host.context();
+    assert!(
+        ctx.api_namespaced::<ConfigMap>("team")
+            .patch("c", &label)
+            .is_ok()
+    );
+    out_of_scope(
+        ctx.api_namespaced::<ConfigMap>("wcm-system")
+            .patch("c", &label),
+    );
+    // The operator names the namespaces (NAME.toml `namespaces`): those, wcm-system included.
+    host.acting_in(&["wcm-system"]);
+    assert!(
+        ctx.api_namespaced::<ConfigMap>("wcm-system")
+            .patch("c", &label)
+            .is_ok()
+    );
+    out_of_scope(ctx.api_namespaced::<ConfigMap>("team").patch("c", &label));
+}
+
 #[test]
 fn create_replace_conflicts_and_status() {
     let host = MockHost::for_reconciler::<Plugin>();

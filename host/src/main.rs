@@ -91,17 +91,50 @@ struct IdentityArgs {
         default_value = "wcm-plugin-"
     )]
     plugin_identity_prefix: String,
+    /// A namespace no plugin acts in unless its NAME.toml names it in `namespaces` (repeat the
+    /// flag for more). Always protected as well: --plugin-identity-namespace and the host's own
+    /// namespace (in a cluster: POD_NAMESPACE or its ServiceAccount's; for `rbac`: the namespace of
+    /// --host-service-account).
+    #[arg(
+        long = "protected-namespace",
+        env = "WCM_PROTECTED_NAMESPACES",
+        value_delimiter = ','
+    )]
+    protected_namespaces: Vec<String>,
 }
 
 impl IdentityArgs {
     fn settings(self) -> anyhow::Result<IdentitySettings> {
-        wasm_controller_manager::contract::validate::namespace(&self.plugin_identity_namespace)
+        use wasm_controller_manager::contract::validate;
+        validate::namespace(&self.plugin_identity_namespace)
             .map_err(|e| anyhow::anyhow!("--plugin-identity-namespace: {e}"))?;
+        // A plugin's ServiceAccount is PREFIX + its name: without a prefix a plugin could take the
+        // name (and so the identity) of any ServiceAccount there, the host's own included.
+        anyhow::ensure!(
+            !self.plugin_identity_prefix.is_empty(),
+            "--plugin-identity-prefix must not be empty: plugins' ServiceAccounts would be named after the plugins alone"
+        );
+        for ns in &self.protected_namespaces {
+            validate::namespace(ns).map_err(|e| anyhow::anyhow!("--protected-namespace: {e}"))?;
+        }
         Ok(IdentitySettings {
             namespace: self.plugin_identity_namespace,
             prefix: self.plugin_identity_prefix,
+            protected: self.protected_namespaces,
         })
     }
+}
+
+/// The namespace this process runs in, when it runs in a cluster (POD_NAMESPACE, or its
+/// ServiceAccount's).
+fn own_namespace() -> Option<String> {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
+        })
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 #[derive(Args)]
@@ -126,10 +159,24 @@ struct RbacArgs {
     /// Cache of compiled plugins (as `run --compile-cache`).
     #[arg(long, env = "WCM_COMPILE_CACHE")]
     compile_cache: Option<PathBuf>,
+    /// Grant plugin PLUGIN (by name; repeat for more), which acts in every namespace (it watches
+    /// a kind in all of them and its NAME.toml names no `namespaces`), its declared rights and
+    /// events cluster-wide, protected namespaces included: RBAC cannot leave one out, so there
+    /// only the host's own fence stands. Without it such a plugin is refused with what to set.
+    #[arg(long = "all-namespaces", value_name = "PLUGIN")]
+    all_namespaces: Vec<String>,
+    /// Print the rights of plugin PLUGIN (repeat for more) that lead to others' (wildcards,
+    /// escalate, bind, impersonate, tokens, exec, nodes/proxy, admission webhooks, CSRs, CRDs,
+    /// APIServices, RBAC objects, API priority, Secrets created or read everywhere, volumes,
+    /// workloads and their configuration written in every namespace) with a warning naming the
+    /// risk, instead of refusing them.
+    #[arg(long = "allow-risky", value_name = "PLUGIN")]
+    allow_risky: Vec<String>,
 }
 
 impl RbacArgs {
     async fn run(self) -> anyhow::Result<String> {
+        use wasm_controller_manager::cluster::rbac::Allow;
         use wasm_controller_manager::contract::validate;
         use wasm_controller_manager::loading::rbac::{RbacRequest, generate, render};
         let identity = self.identity.settings()?;
@@ -150,6 +197,10 @@ impl RbacArgs {
             plugins: self.plugins,
             identity,
             host_service_account,
+            allow: wasm_controller_manager::cluster::rbac::Allowances {
+                all_namespaces: Allow::plugins(self.all_namespaces),
+                risky: Allow::plugins(self.allow_risky),
+            },
         };
         let Some(path) = &self.kubeconfig else {
             return render(&generate(&req, None).await?);
@@ -352,16 +403,7 @@ impl LeaderArgs {
         }
         let namespace = match self.leader_elect_resource_namespace {
             Some(ns) => ns,
-            None => std::env::var("POD_NAMESPACE")
-                .ok()
-                .or_else(|| {
-                    std::fs::read_to_string(
-                        "/var/run/secrets/kubernetes.io/serviceaccount/namespace",
-                    )
-                    .ok()
-                })
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|| "wcm-system".into()),
+            None => own_namespace().unwrap_or_else(|| "wcm-system".into()),
         };
         validate::namespace(&namespace)
             .map_err(|e| anyhow::anyhow!("--leader-elect-resource-namespace: {e}"))?;
@@ -443,13 +485,25 @@ impl RunArgs {
             self.plugins_dir.display()
         );
         anyhow::ensure!(self.memory_mb > 0, "--memory-mb must be at least 1");
-        let identity = self.identity.settings()?;
+        let mut identity = self.identity.settings()?;
+        if let Some(ns) = own_namespace()
+            && wasm_controller_manager::contract::validate::namespace(&ns).is_ok()
+            && !identity.protected.contains(&ns)
+        {
+            identity.protected.push(ns);
+        }
         anyhow::ensure!(
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
         );
         let leader_mode = self.leader.leader_elect_mode;
         let leader_election = self.leader.settings()?;
+        // The Leases (the manager's, each plugin's, each replica's membership) are the host's too.
+        if let Some(l) = &leader_election
+            && !identity.protected.contains(&l.namespace)
+        {
+            identity.protected.push(l.namespace.clone());
+        }
         let controllers = ControllerSelection::parse(&self.controllers)
             .map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
         Ok(RunConfig {

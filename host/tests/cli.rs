@@ -129,6 +129,30 @@ fn rbac_prints_the_grant_of_what_a_plugin_declares() -> Result<()> {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("--plugin-identity-namespace"), "{err}");
+
+    // A plugin that watches every namespace and declares a namespaced write: nothing printed, and
+    // what to set is said; an allowance for a plugin not given is a typo, not a no-op.
+    let out = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("rbac")
+        .arg(common::plugin("well-behaved")?)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing printed");
+    assert!(
+        err.contains("namespaces = [...]") && err.contains("--all-namespaces well-behaved"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .args(["rbac", "--all-namespaces", "pod-countr"])
+        .arg(common::plugin("pod_counter")?)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no plugin given is named \"pod-countr\""),
+        "{err}"
+    );
     Ok(())
 }
 

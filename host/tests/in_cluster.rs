@@ -611,6 +611,11 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
             plugins: files,
             identity: Default::default(),
             host_service_account: Some((spec.namespace.clone(), spec.service_account.clone())),
+            // The test's plugins act in the test namespaces: every namespace but the protected.
+            allow: wasm_controller_manager::cluster::rbac::Allowances {
+                all_namespaces: wasm_controller_manager::cluster::rbac::Allow::every(),
+                risky: wasm_controller_manager::cluster::rbac::Allow::every(),
+            },
         },
         Some(&discovery),
     )

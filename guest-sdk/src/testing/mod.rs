@@ -7,7 +7,8 @@
 //! [`MockHost::sync_cache`] plays that catch-up.
 //!
 //! What it checks like the real host, once it knows the plugin ([`MockHost::for_reconciler`]):
-//! every API call against the declared permissions (403 `NotDeclared`), cache reads against the
+//! every API call against the declared permissions (403 `NotDeclared`) and against the namespaces
+//! where it acts (403 `OutOfScope`; [`MockHost::acting_in`]), cache reads against the
 //! declared watches (not watched: an error from `keys`/`list`, `None` from `get`; objects outside
 //! a watch's namespace or label selector are invisible; metadata-only watches hand out
 //! `PartialObjectMetadata`, as the API server sends it).
@@ -199,6 +200,11 @@ type Store = BTreeMap<GroupKind, BTreeMap<ObjectKey, Value>>;
 #[derive(Default)]
 struct State {
     declared: Option<Description>,
+    /// Where the plugin acts, as `namespaces` in its NAME.toml (`acting_in`); None: the host's
+    /// default.
+    acting_in: Option<Vec<String>>,
+    /// Custom kinds that live outside namespaces (`with_cluster_scope`).
+    cluster_scoped: std::collections::BTreeSet<GroupKind>,
     /// Values that replace the plugin's own in the context of every run (`inject`).
     injected: Vec<Rc<dyn std::any::Any>>,
     plurals: BTreeMap<GroupKind, String>,
@@ -248,6 +254,43 @@ impl std::fmt::Debug for MockHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MockHost").finish_non_exhaustive()
     }
+}
+
+/// The namespace the host protects by default (`--plugin-identity-namespace`).
+const PROTECTED_NAMESPACE: &str = "wcm-system";
+
+/// Built-in kinds that live outside namespaces (a watch of one covers no namespace).
+fn cluster_scoped(kind: &KindRef) -> bool {
+    matches!(
+        (kind.group.as_str(), kind.kind.as_str()),
+        (
+            "",
+            "Node" | "Namespace" | "PersistentVolume" | "ComponentStatus"
+        ) | (
+            "rbac.authorization.k8s.io",
+            "ClusterRole" | "ClusterRoleBinding"
+        ) | ("apiextensions.k8s.io", "CustomResourceDefinition")
+            | (
+                "storage.k8s.io",
+                "StorageClass" | "CSIDriver" | "CSINode" | "VolumeAttachment"
+            )
+            | ("scheduling.k8s.io", "PriorityClass")
+            | ("node.k8s.io", "RuntimeClass")
+            | ("networking.k8s.io", "IngressClass")
+            | ("certificates.k8s.io", "CertificateSigningRequest")
+            | (
+                "admissionregistration.k8s.io",
+                "ValidatingWebhookConfiguration"
+                    | "MutatingWebhookConfiguration"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            )
+            | ("apiregistration.k8s.io", "APIService")
+            | (
+                "flowcontrol.apiserver.k8s.io",
+                "FlowSchema" | "PriorityLevelConfiguration"
+            )
+    )
 }
 
 fn group_kind(kind: &KindRef) -> GroupKind {
@@ -304,6 +347,27 @@ impl MockHost {
             panic!("invalid plugin description: {e}");
         }
         self.state.borrow_mut().declared = Some(description);
+        self
+    }
+
+    /// Where the plugin acts, as the operator sets it with `namespaces = [...]` in its NAME.toml:
+    /// a call in any other namespace is refused (403 `OutOfScope`). Without it, as the host: the
+    /// namespaces its watches name, or, when a watch covers every namespace, every namespace
+    /// except `wcm-system` (the default protected namespace, where the host and the plugins'
+    /// identities live).
+    pub fn acting_in(&self, namespaces: &[&str]) -> &Self {
+        self.state.borrow_mut().acting_in =
+            Some(namespaces.iter().map(|n| n.to_string()).collect());
+        self
+    }
+
+    /// Declares a custom kind cluster-scoped (built-in kinds are known): a call on it names no
+    /// namespace, and a watch of it covers none.
+    pub fn with_cluster_scope(&self, group: &str, kind: &str) -> &Self {
+        self.state
+            .borrow_mut()
+            .cluster_scoped
+            .insert((group.to_string(), kind.to_string()));
         self
     }
 
@@ -595,6 +659,73 @@ impl State {
                 kind.group,
                 kind.group,
                 verb.rbac()
+            ),
+        })
+    }
+
+    /// Whether the plugin acts in the call's namespace, as the host decides it; a write of the
+    /// protected namespace's own Namespace object is refused the same way.
+    fn check_scope(&self, call: &ApiCall) -> Result<(), ApiError> {
+        let namespace_object = call.kind.group.is_empty()
+            && call.kind.kind == "Namespace"
+            && !matches!(call.verb, Verb::Get | Verb::List);
+        let Some(d) = &self.declared else {
+            return Ok(());
+        };
+        let namespace = call.namespace.as_deref().filter(|n| !n.is_empty());
+        let target = match (namespace, &call.name) {
+            (Some(ns), _) => ns,
+            (None, Some(name)) if namespace_object && name == PROTECTED_NAMESPACE => name.as_str(),
+            // A namespaced kind across all namespaces would reach the protected ones: the host
+            // refuses it (reads across namespaces come from the cache).
+            (None, _)
+                if !cluster_scoped(&call.kind)
+                    && !self.cluster_scoped.contains(&group_kind(&call.kind)) =>
+            {
+                return Err(ApiError {
+                    code: 403,
+                    reason: ApiError::OUT_OF_SCOPE.into(),
+                    message: format!(
+                        "plugin {} may not {} {} across all namespaces: name a namespace (read across namespaces from the cache)",
+                        d.name,
+                        call.verb.rbac(),
+                        self.plural(&call.kind)
+                    ),
+                });
+            }
+            (None, _) => return Ok(()),
+        };
+        let ns = target;
+        let allowed = match &self.acting_in {
+            Some(list) => list.iter().any(|n| n == ns),
+            None => {
+                let watches: Vec<&Watch> = d
+                    .primary
+                    .iter()
+                    .chain(d.secondaries.iter().map(|s| &s.watch))
+                    .collect();
+                let everywhere = watches.iter().any(|w| {
+                    w.namespace.is_none()
+                        && !cluster_scoped(&w.kind)
+                        && !self.cluster_scoped.contains(&group_kind(&w.kind))
+                });
+                if everywhere {
+                    ns != PROTECTED_NAMESPACE
+                } else {
+                    ns != PROTECTED_NAMESPACE
+                        && watches.iter().any(|w| w.namespace.as_deref() == Some(ns))
+                }
+            }
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(ApiError {
+            code: 403,
+            reason: ApiError::OUT_OF_SCOPE.into(),
+            message: format!(
+                "plugin {} may act only where it watches (or where its NAME.toml's `namespaces` says), not in namespace {ns}",
+                d.name
             ),
         })
     }
@@ -1069,6 +1200,7 @@ impl MockHost {
             Some(e) => Err(e),
             None => st
                 .check_permission(record.verb, &record.kind)
+                .and_then(|()| st.check_scope(&record))
                 .and_then(|()| op(&mut st)),
         };
         record.error = result.as_ref().err().cloned();

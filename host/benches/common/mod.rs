@@ -9,6 +9,7 @@ use std::time::Duration;
 use wasm_controller_manager::app::{Manager, RunConfig};
 use wasm_controller_manager::cluster::discovery::Discovery;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
+use wasm_controller_manager::cluster::rbac as rbac_gen;
 use wasm_controller_manager::cluster::services::BudgetSettings;
 use wasm_controller_manager::engine::rate_limit::RateLimits;
 use wasm_controller_manager::loading::rbac;
@@ -184,6 +185,11 @@ pub async fn granted(env: &testenv::TestEnv, dir: &Path) -> kube::Config {
         plugins,
         identity: IdentitySettings::default(),
         host_service_account: None,
+        // The bench plays the operator of its own test plugins, which act in its namespaces.
+        allow: rbac_gen::Allowances {
+            all_namespaces: rbac_gen::Allow::every(),
+            risky: rbac_gen::Allow::every(),
+        },
     };
     let out = rbac::generate(&req, Some(&discovery)).await.expect("rbac");
     rbac::apply(&client, &out.objects)

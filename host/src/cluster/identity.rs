@@ -10,6 +10,11 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
+use super::scope::Protected;
+
+/// Kubernetes' own namespaces: protected like the host's.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
 /// Where plugins' ServiceAccounts live and how they are named.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdentitySettings {
@@ -17,6 +22,9 @@ pub struct IdentitySettings {
     pub namespace: String,
     /// The ServiceAccount of plugin `p` is `{prefix}{p}`.
     pub prefix: String,
+    /// Namespaces besides `namespace` that no plugin acts in unless its NAME.toml names them:
+    /// the host's own (its Deployment, ServiceAccount and Leases) and any the operator adds.
+    pub protected: Vec<String>,
 }
 
 impl Default for IdentitySettings {
@@ -24,6 +32,7 @@ impl Default for IdentitySettings {
         IdentitySettings {
             namespace: "wcm-system".into(),
             prefix: "wcm-plugin-".into(),
+            protected: Vec::new(),
         }
     }
 }
@@ -31,6 +40,17 @@ impl Default for IdentitySettings {
 impl IdentitySettings {
     pub fn service_account(&self, plugin: &str) -> String {
         format!("{}{plugin}", self.prefix)
+    }
+
+    /// The namespaces no plugin acts in unless its NAME.toml names them: the plugins' identity
+    /// namespace, Kubernetes' own (`kube-system`: the control plane's controllers and their
+    /// ServiceAccounts; `kube-public`; `kube-node-lease`: the nodes' heartbeats) and `protected`.
+    pub fn protected_namespaces(&self) -> Protected {
+        Protected::new(
+            std::iter::once(self.namespace.clone())
+                .chain(SYSTEM_NAMESPACES.iter().map(|n| n.to_string()))
+                .chain(self.protected.iter().cloned()),
+        )
     }
 
     /// The user name the API server gives that ServiceAccount.

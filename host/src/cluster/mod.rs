@@ -11,4 +11,5 @@ pub mod identity;
 pub mod leader;
 pub mod permissions;
 pub mod rbac;
+pub mod scope;
 pub mod services;

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use super::api::ApiFailure;
 use super::discovery::{Discovery, KindInfo, Resolved};
+use super::scope::{Protected, Scope};
 use crate::contract::{KindKey, KindRef, Permission};
 
 #[derive(Debug, Clone, Default)]
@@ -34,8 +35,14 @@ impl Permissions {
     }
 
     /// Resolves every declared rule to the kinds it names. A group or resource the API server does
-    /// not serve is an error (the plugin waits until it is served).
-    pub async fn resolve(self, discovery: &Discovery) -> Result<Grants, ApiFailure> {
+    /// not serve is an error (the plugin waits until it is served). Calls on namespaced kinds are
+    /// then allowed only in `scope`.
+    pub async fn resolve(
+        self,
+        discovery: &Discovery,
+        scope: Scope,
+        protected: Protected,
+    ) -> Result<Grants, ApiFailure> {
         let mut kinds: Vec<(String, KindInfo)> = Vec::new();
         let groups: BTreeSet<&str> = self.rules.iter().map(|r| r.group.as_str()).collect();
         for group in groups {
@@ -66,6 +73,8 @@ impl Permissions {
         Ok(Grants {
             permissions: self,
             kinds,
+            scope,
+            protected,
         })
     }
 }
@@ -75,6 +84,10 @@ impl Permissions {
 pub struct Grants {
     permissions: Permissions,
     kinds: Vec<(String, KindInfo)>,
+    /// Where calls on namespaced kinds may go.
+    scope: Scope,
+    /// Namespaces whose Namespace object it may not write either, unless its scope names them.
+    protected: Protected,
 }
 
 /// Why a call did not pass the fence.
@@ -82,6 +95,12 @@ pub struct Grants {
 pub enum Refusal {
     /// Never declared: 403.
     Undeclared { resource: String },
+    /// Declared, but not in this namespace (or across all namespaces): 403.
+    OutOfScope {
+        resource: String,
+        /// None: the call names no namespace (all of them).
+        namespace: Option<String>,
+    },
     /// Declared, but not at this version, or no such subresource: 404.
     NotServed(String),
 }
@@ -91,6 +110,10 @@ impl Grants {
         &self.permissions
     }
 
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
     /// Whether any declared rule names this kind (whatever the verb).
     pub fn covers(&self, kind: &KindKey) -> bool {
         self.kinds
@@ -98,12 +121,15 @@ impl Grants {
             .any(|(g, k)| *g == kind.group && k.kind == kind.kind)
     }
 
-    /// Checks one call against the declaration, in memory.
+    /// Checks one call against the declaration and the plugin's scope, in memory. `namespace` is
+    /// the call's (None: a cluster-scoped object, or all namespaces); `name` its object's.
     pub fn check(
         &self,
         kind: &KindRef,
         subresource: Option<&str>,
         verb: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
     ) -> Result<Resolved, Refusal> {
         let Some((_, info)) = self
             .kinds
@@ -120,6 +146,29 @@ impl Grants {
         };
         if !self.permissions.allows(&kind.group, &resource, verb) {
             return Err(Refusal::Undeclared { resource });
+        }
+        if info.namespaced {
+            // Across all namespaces (no namespace) would reach the protected ones: a plugin reads
+            // across namespaces from its cache, where its watches put what it may see.
+            let allowed = namespace.is_some_and(|ns| self.scope.allows(ns));
+            if !allowed {
+                return Err(Refusal::OutOfScope {
+                    resource,
+                    namespace: namespace.map(str::to_string),
+                });
+            }
+        } else if kind.group.is_empty()
+            && info.plural == "namespaces"
+            && !matches!(verb, "get" | "list" | "watch")
+            && let Some(ns) = name
+            && self.protected.contains(ns)
+            && !self.scope.allows(ns)
+        {
+            // A protected namespace's own object (deleting it takes the host with it).
+            return Err(Refusal::OutOfScope {
+                resource,
+                namespace: Some(ns.to_string()),
+            });
         }
         if !info.versions.contains(&kind.version) {
             return Err(Refusal::NotServed(format!(
@@ -205,21 +254,38 @@ mod tests {
                     info("Network", "networks", &["status"]),
                 ),
             ],
+            scope: Scope::Namespaces {
+                namespaces: ["team-a".to_string()].into_iter().collect(),
+                by_operator: false,
+            },
+            protected: Protected::default(),
         };
-        assert!(grants.check(&k("", "v1", "ConfigMap"), None, "get").is_ok());
+        assert!(
+            grants
+                .check(&k("", "v1", "ConfigMap"), None, "get", Some("team-a"), None)
+                .is_ok()
+        );
         assert_eq!(
-            grants.check(&k("", "v1", "Secret"), None, "get").err(),
+            grants
+                .check(&k("", "v1", "Secret"), None, "get", Some("team-a"), None)
+                .err(),
             Some(Refusal::Undeclared {
                 resource: "secret".into()
             }),
             "an undeclared kind is refused without knowing its plural"
         );
         assert!(matches!(
-            grants.check(&k("", "v1", "ConfigMap"), None, "delete"),
+            grants.check(
+                &k("", "v1", "ConfigMap"),
+                None,
+                "delete",
+                Some("team-a"),
+                None
+            ),
             Err(Refusal::Undeclared { .. })
         ));
         assert!(matches!(
-            grants.check(&k("", "v2", "ConfigMap"), None, "get"),
+            grants.check(&k("", "v2", "ConfigMap"), None, "get", Some("team-a"), None),
             Err(Refusal::NotServed(_))
         ));
         assert!(
@@ -227,15 +293,123 @@ mod tests {
                 .check(
                     &k("samplecrd.k8s.io", "v1", "Network"),
                     Some("status"),
-                    "patch"
+                    "patch",
+                    Some("team-a"),
+                    Some("n1")
                 )
                 .is_ok()
         );
         assert!(matches!(
-            grants.check(&k("samplecrd.k8s.io", "v1", "Network"), None, "patch"),
+            grants.check(
+                &k("samplecrd.k8s.io", "v1", "Network"),
+                None,
+                "patch",
+                Some("team-a"),
+                None
+            ),
             Err(Refusal::Undeclared { .. })
         ));
         assert!(grants.covers(&KindKey::from(&k("samplecrd.k8s.io", "v1", "Network"))));
         assert!(!grants.covers(&KindKey::from(&k("", "v1", "Secret"))));
+    }
+
+    #[test]
+    fn a_declared_call_outside_the_plugins_namespaces_is_refused() {
+        let scoped = |scope: Scope| Grants {
+            permissions: Permissions::new(vec![
+                p("", "configmaps", &["get", "list", "patch"]),
+                p("", "nodes", &["patch"]),
+                p("", "namespaces", &["get", "patch", "delete"]),
+            ]),
+            kinds: vec![
+                ("".into(), info("ConfigMap", "configmaps", &[])),
+                (
+                    "".into(),
+                    KindInfo {
+                        namespaced: false,
+                        ..info("Node", "nodes", &[])
+                    },
+                ),
+                (
+                    "".into(),
+                    KindInfo {
+                        namespaced: false,
+                        ..info("Namespace", "namespaces", &[])
+                    },
+                ),
+            ],
+            scope,
+            protected: Protected::new(["wcm-system".to_string()]),
+        };
+        let cm = k("", "v1", "ConfigMap");
+        let team_a = scoped(Scope::Namespaces {
+            namespaces: ["team-a".to_string()].into_iter().collect(),
+            by_operator: true,
+        });
+        assert!(
+            team_a
+                .check(&cm, None, "patch", Some("team-a"), None)
+                .is_ok()
+        );
+        assert_eq!(
+            team_a
+                .check(&cm, None, "patch", Some("wcm-system"), None)
+                .err(),
+            Some(Refusal::OutOfScope {
+                resource: "configmaps".into(),
+                namespace: Some("wcm-system".into())
+            })
+        );
+        assert!(
+            matches!(
+                team_a.check(&cm, None, "list", None, None),
+                Err(Refusal::OutOfScope {
+                    namespace: None,
+                    ..
+                })
+            ),
+            "a list across all namespaces reaches beyond team-a"
+        );
+        assert!(
+            team_a
+                .check(&k("", "v1", "Node"), None, "patch", None, None)
+                .is_ok(),
+            "cluster-scoped kinds have no namespace to check"
+        );
+        let namespace = k("", "v1", "Namespace");
+        assert!(
+            team_a
+                .check(&namespace, None, "patch", None, Some("team-b"))
+                .is_ok()
+        );
+        assert!(
+            team_a
+                .check(&namespace, None, "delete", None, Some("wcm-system"))
+                .is_err(),
+            "the protected namespace's own object is out of reach"
+        );
+        assert!(
+            team_a
+                .check(&namespace, None, "get", None, Some("wcm-system"))
+                .is_ok(),
+            "reading it is not acting in it"
+        );
+        let everywhere = scoped(Scope::AllExcept(Protected::new(["wcm-system".to_string()])));
+        assert!(
+            everywhere
+                .check(&cm, None, "patch", Some("team-b"), None)
+                .is_ok()
+        );
+        assert!(
+            everywhere
+                .check(&cm, None, "patch", Some("wcm-system"), None)
+                .is_err(),
+            "never the host's namespace unless named"
+        );
+        assert!(
+            everywhere.check(&cm, None, "list", None, None).is_err(),
+            "a list across all namespaces would read the protected ones"
+        );
+        assert!(everywhere.check(&cm, None, "patch", None, None).is_err());
     }
 }

@@ -337,7 +337,13 @@ impl Services {
             reach.metrics.invalid_call(&self.plugin, verb);
             return Err(ApiFailure::bad_request(e.to_string()));
         }
-        let resolved = match reach.grants.check(req.kind, req.subresource, verb) {
+        let resolved = match reach.grants.check(
+            req.kind,
+            req.subresource,
+            verb,
+            req.namespace,
+            req.name,
+        ) {
             Ok(r) => r,
             Err(Refusal::Undeclared { resource }) => {
                 let group = &req.kind.group;
@@ -354,6 +360,28 @@ impl Services {
                 };
                 reach.metrics.forbidden_call(&self.plugin, verb, label);
                 return Err(ApiFailure::forbidden(&self.plugin, verb, group, &resource));
+            }
+            Err(Refusal::OutOfScope {
+                resource,
+                namespace,
+            }) => {
+                let scope = reach.grants.scope();
+                let place = match &namespace {
+                    Some(ns) => format!("namespace {}", validate::shown(ns)),
+                    None => "all namespaces at once (name a namespace; read across namespaces from the cache)".to_string(),
+                };
+                self.warn(format_args!(
+                    "API call outside the plugin's namespaces refused: {verb} {resource} in {place} (it acts in {scope})"
+                ));
+                reach.metrics.forbidden_call(&self.plugin, verb, &resource);
+                return Err(ApiFailure::new(
+                    403,
+                    "OutOfScope",
+                    format!(
+                        "plugin {} may {verb} {resource} only in {scope}, not in {place}: the operator names where it acts with `namespaces` in its NAME.toml",
+                        self.plugin
+                    ),
+                ));
             }
             Err(Refusal::NotServed(why)) => return Err(ApiFailure::not_found(why)),
         };
@@ -378,9 +406,21 @@ impl Services {
         }
         let refused = check_event(&event, kind).err().or_else(|| {
             let k = KindKey::from(kind);
-            let ours =
-                reach.cache.covers(&k, event.namespace.as_deref()) || reach.grants.covers(&k);
-            (!ours).then(|| format!("{k} is neither watched (there) nor declared by the plugin"))
+            // About an object it watches (there) or of a declared kind, in a namespace where it
+            // acts (events are writes).
+            let acts_there = match event.namespace.as_deref() {
+                Some(ns) => reach.grants.scope().allows(ns),
+                None => true,
+            };
+            let ours = (reach.cache.covers(&k, event.namespace.as_deref())
+                || reach.grants.covers(&k))
+                && acts_there;
+            (!ours).then(|| {
+                format!(
+                    "{k} is neither watched (there) nor declared by the plugin, or the namespace is not one where it acts ({})",
+                    reach.grants.scope()
+                )
+            })
         });
         if let Some(why) = refused {
             self.warn(format_args!("event refused: {why}"));

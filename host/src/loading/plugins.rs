@@ -33,6 +33,7 @@ use crate::cluster::api::ApiFailure;
 use crate::cluster::events::EventSink;
 use crate::cluster::identity::{Access, IdentitySettings, PluginIdentity};
 use crate::cluster::permissions::Permissions;
+use crate::cluster::scope::{Scope, WatchScope};
 use crate::cluster::services::{BudgetSettings, Reach, Services};
 use crate::contract::isolation;
 use crate::engine::controller::{
@@ -792,10 +793,26 @@ impl PluginManager {
         let watches = resolve_watches(&self.parts.api, &description)
             .await
             .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
+        let scope = Scope::resolve(
+            settings.namespaces.as_deref(),
+            &watches
+                .iter()
+                .map(|(k, namespaced)| WatchScope {
+                    namespace: k.namespace.as_deref(),
+                    namespaced: *namespaced,
+                })
+                .collect::<Vec<_>>(),
+            &self.settings.identity.protected_namespaces(),
+        );
         let grants = Permissions::new(description.permissions.clone())
-            .resolve(self.parts.api.discovery())
+            .resolve(
+                self.parts.api.discovery(),
+                scope,
+                self.settings.identity.protected_namespaces(),
+            )
             .await
             .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
+        let acts_in = grants.scope().to_string();
         let accesses = watch_accesses(&watches);
         match identity.first_denied(&accesses).await {
             Ok(None) => {}
@@ -986,7 +1003,7 @@ impl PluginManager {
                 }
             }
         };
-        tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, contract, identity = %identity.username, "plugin running");
+        tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, contract, identity = %identity.username, %acts_in, "plugin running");
         self.running.lock().await.insert(
             stem.to_string(),
             Running {

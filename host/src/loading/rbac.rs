@@ -10,8 +10,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::cluster::discovery::Discovery;
 use crate::cluster::identity::IdentitySettings;
-use crate::cluster::rbac::{self, PluginRbac, WatchedResource};
-use crate::contract::Watch;
+use crate::cluster::rbac::{self, Allowances, DeclaredRule, PluginRbac, WatchedResource};
+use crate::cluster::scope::{Scope, WatchScope};
+use crate::contract::{Permission, Watch};
 use crate::loading::inspect::{Described, describe_file};
 use crate::loading::settings::SecretRef;
 
@@ -21,8 +22,11 @@ pub struct RbacRequest {
     pub compile_cache: Option<PathBuf>,
     pub plugins: Vec<PathBuf>,
     pub identity: IdentitySettings,
-    /// `namespace/name` of the host's ServiceAccount; None: no host objects.
+    /// `namespace/name` of the host's ServiceAccount; None: no host objects. Its namespace is
+    /// protected like `identity.protected`.
     pub host_service_account: Option<(String, String)>,
+    /// What the operator allows beyond the default (`--all-namespaces`, `--allow-risky`).
+    pub allow: Allowances,
 }
 
 /// The objects, and notes on what was guessed.
@@ -38,6 +42,13 @@ pub async fn generate(req: &RbacRequest, discovery: Option<&Discovery>) -> Resul
         described.push(describe_file(p, req.compile_cache.clone()).await?);
     }
     let mut notes = Vec::new();
+    let mut identity = req.identity.clone();
+    if let Some((ns, _)) = &req.host_service_account
+        && !identity.protected.contains(ns)
+    {
+        identity.protected.push(ns.clone());
+    }
+    let protected = identity.protected_namespaces();
     let mut plugins = Vec::new();
     for d in &described {
         let mut watches = Vec::new();
@@ -46,6 +57,21 @@ pub async fn generate(req: &RbacRequest, discovery: Option<&Discovery>) -> Resul
         for w in all {
             watches.push(resolve(w, discovery, &mut notes).await?);
         }
+        let mut declared = Vec::new();
+        for perm in &d.description.permissions {
+            declared.push(declared_rule(perm, discovery, &mut notes).await?);
+        }
+        let scope = Scope::resolve(
+            d.settings.namespaces.as_deref(),
+            &watches
+                .iter()
+                .map(|w| WatchScope {
+                    namespace: w.namespace.as_deref(),
+                    namespaced: w.namespaced,
+                })
+                .collect::<Vec<_>>(),
+            &protected,
+        );
         let secrets = d
             .settings
             .secrets
@@ -55,17 +81,147 @@ pub async fn generate(req: &RbacRequest, discovery: Option<&Discovery>) -> Resul
         plugins.push(PluginRbac {
             description: &d.description,
             watches,
+            declared,
+            scope,
             secrets,
         });
     }
-    let mut objects = Vec::new();
-    for p in &plugins {
-        objects.extend(rbac::plugin_objects(&req.identity, p));
+    // An allowance names plugins: one naming none of these is a typo, not a no-op.
+    for (flag, allow) in [
+        ("--all-namespaces", &req.allow.all_namespaces),
+        ("--allow-risky", &req.allow.risky),
+    ] {
+        for name in allow.names() {
+            anyhow::ensure!(
+                plugins.iter().any(|p| p.description.name == name),
+                "{flag} {name}: no plugin given is named {name:?} (the names: {})",
+                plugins
+                    .iter()
+                    .map(|p| p.description.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
+    let mut objects = Vec::new();
+    let mut problems = Vec::new();
+    for p in &plugins {
+        if p.declared.iter().any(|r| r.namespaced) {
+            notes.push(format!("{} acts in {}", p.description.name, p.scope));
+        }
+        match rbac::plugin_objects(&identity, p, &req.allow) {
+            Ok(grant) => {
+                objects.extend(grant.objects);
+                notes.extend(grant.warnings.into_iter().map(|w| format!("WARNING: {w}")));
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "nothing printed: {}",
+        problems.join("\n")
+    );
     if let Some((ns, name)) = &req.host_service_account {
-        objects.extend(rbac::host_objects(&req.identity, (ns, name), &plugins));
+        objects.extend(rbac::host_objects(&identity, (ns, name), &plugins));
     }
     Ok(RbacOutput { objects, notes })
+}
+
+/// Cluster-scoped resources of the built-in groups, for when no cluster is given to ask.
+const CLUSTER_SCOPED: &[(&str, &str)] = &[
+    ("", "nodes"),
+    ("", "namespaces"),
+    ("", "persistentvolumes"),
+    ("", "componentstatuses"),
+    ("rbac.authorization.k8s.io", "clusterroles"),
+    ("rbac.authorization.k8s.io", "clusterrolebindings"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ("apiregistration.k8s.io", "apiservices"),
+    ("storage.k8s.io", "storageclasses"),
+    ("storage.k8s.io", "csidrivers"),
+    ("storage.k8s.io", "csinodes"),
+    ("storage.k8s.io", "volumeattachments"),
+    ("scheduling.k8s.io", "priorityclasses"),
+    ("node.k8s.io", "runtimeclasses"),
+    ("networking.k8s.io", "ingressclasses"),
+    (
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+    ),
+    ("admissionregistration.k8s.io", "mutatingadmissionpolicies"),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingadmissionpolicybindings",
+    ),
+    ("certificates.k8s.io", "certificatesigningrequests"),
+    ("flowcontrol.apiserver.k8s.io", "flowschemas"),
+    (
+        "flowcontrol.apiserver.k8s.io",
+        "prioritylevelconfigurations",
+    ),
+];
+
+/// A declared permission with the scope of its resource: from discovery when a cluster is given,
+/// else from the built-in list (anything else assumed namespaced, with a note).
+async fn declared_rule(
+    perm: &Permission,
+    discovery: Option<&Discovery>,
+    notes: &mut Vec<String>,
+) -> Result<DeclaredRule> {
+    let base = perm.resource.split('/').next().unwrap_or_default();
+    let namespaced = if base == "*" {
+        true
+    } else {
+        match discovery {
+            Some(d) => {
+                let g = d.group(&perm.group).await.map_err(|e| {
+                    anyhow::anyhow!("resolve group {:?}: {}", perm.group, e.message)
+                })?;
+                g.by_plural(base)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "a declared permission names {base:?} in group {:?}, which the API server does not serve",
+                            perm.group
+                        )
+                    })?
+                    .namespaced
+            }
+            None => {
+                let known = CLUSTER_SCOPED
+                    .iter()
+                    .any(|(g, r)| *g == perm.group && *r == base);
+                let builtin = perm.group.is_empty()
+                    || !perm.group.contains('.')
+                    || perm.group.ends_with(".k8s.io");
+                if !known && !builtin {
+                    notes.push(format!(
+                        "{base} (group {}) assumed to be namespaced (no cluster given: pass --kubeconfig to resolve it)",
+                        perm.group
+                    ));
+                }
+                !known
+            }
+        }
+    };
+    Ok(DeclaredRule {
+        group: perm.group.clone(),
+        resource: perm.resource.clone(),
+        verbs: perm.verbs.clone(),
+        namespaced,
+    })
 }
 
 async fn resolve(
@@ -84,11 +240,15 @@ async fn resolve(
         None => {
             let gvk = GroupVersionKind::gvk(&w.kind.group, &w.kind.version, &w.kind.kind);
             let plural = ApiResource::from_gvk(&gvk).plural;
+            let namespaced = !CLUSTER_SCOPED
+                .iter()
+                .any(|(g, r)| *g == w.kind.group && *r == plural);
             notes.push(format!(
-                "{} assumed to be resource {plural:?}, namespaced (no cluster given: pass --kubeconfig to resolve it)",
-                w.kind.kind
+                "{} assumed to be resource {plural:?}, {} (no cluster given: pass --kubeconfig to resolve it)",
+                w.kind.kind,
+                if namespaced { "namespaced" } else { "cluster-scoped" }
             ));
-            (plural, true)
+            (plural, namespaced)
         }
     };
     Ok(WatchedResource {

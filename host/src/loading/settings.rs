@@ -38,6 +38,12 @@ pub struct PluginSettings {
     pub max_instances: Option<u32>,
     /// Cores of guest CPU this plugin may use on average (default: --plugin-cpu-share; 0: none).
     pub cpu_share: Option<f64>,
+    /// Where the plugin acts: the namespaces its declared permissions on namespaced kinds reach
+    /// (the host's fence and the Roles `rbac` prints). Default: the namespaces it watches, or, for a
+    /// plugin watching some kind in every namespace, every namespace except the protected ones
+    /// (the plugins' identity namespace and the host's). A protected namespace is reached only
+    /// when named here.
+    pub namespaces: Option<Vec<String>>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -65,6 +71,9 @@ impl PluginSettings {
         })?;
         for (key, reference) in &s.secrets {
             SecretRef::parse(reference).map_err(|e| format!("secrets.{key}: {e}"))?;
+        }
+        for ns in s.namespaces.iter().flatten() {
+            crate::contract::validate::namespace(ns).map_err(|e| format!("namespaces: {e}"))?;
         }
         if s.workers == Some(0) {
             return Err("workers must be at least 1".into());

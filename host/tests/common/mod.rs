@@ -7,6 +7,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use serde_json::json;
 use wasm_controller_manager::app::{Manager, RunConfig};
 use wasm_controller_manager::cluster::discovery::Discovery;
 use wasm_controller_manager::cluster::identity::IdentitySettings;
@@ -169,6 +172,12 @@ pub async fn rbac_for(plugins: &[PathBuf]) -> Result<Vec<serde_json::Value>> {
             plugins: plugins.to_vec(),
             identity: IdentitySettings::default(),
             host_service_account: None,
+            // The test plugins watch every namespace and act in the tests' own: the operator's
+            // explicit choice (the host's fence still keeps them out of wcm-system).
+            allow: wasm_controller_manager::cluster::rbac::Allowances {
+                all_namespaces: wasm_controller_manager::cluster::rbac::Allow::every(),
+                risky: wasm_controller_manager::cluster::rbac::Allow::every(),
+            },
         },
         Some(&discovery),
     )
@@ -311,4 +320,49 @@ pub async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Result<(u16,
         .and_then(|c| c.parse().ok())
         .with_context(|| format!("not an HTTP response: {head}"))?;
     Ok((code, body.to_string()))
+}
+
+/// Creates namespace `name` unless it exists.
+pub async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A client configuration acting as ServiceAccount `namespace/name` (created when missing), with a
+/// token the API server issues for it.
+pub async fn service_account_config(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<kube::Config> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::config::{AuthInfo, Kubeconfig};
+
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+    let issued: TokenRequest = sas
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await?;
+    let token = issued.status.context("no token issued")?.token;
+    let env = testenv::TestEnv::shared().await?;
+    let mut kc = Kubeconfig::read_from(env.kubeconfig_path().context("kubeconfig")?)?;
+    for a in &mut kc.auth_infos {
+        a.auth_info = Some(serde_json::from_value::<AuthInfo>(
+            json!({ "token": token }),
+        )?);
+    }
+    Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
 }
