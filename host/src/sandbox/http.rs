@@ -1596,6 +1596,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_body_past_the_limit_is_held_only_up_to_it_and_streams_whole() {
+        use http_body_util::BodyExt;
+        let body = |n: u8| {
+            let frames: Vec<Result<Frame<Bytes>, Error>> = (0..n)
+                .map(|i| Ok(Frame::data(Bytes::from(vec![b'a' + i; 1000]))))
+                .collect();
+            http_body_util::StreamBody::new(futures::stream::iter(frames)).boxed_unsync()
+        };
+        let (first, rest) = read_up_to(body(10), 2500).await.unwrap();
+        // At most the limit and one frame.
+        assert!(first.len() > 2500 && first.len() <= 3500, "{}", first.len());
+        let all = prefixed(first, rest.expect("the rest"))
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(all.len(), 10_000);
+        assert!(all[..1000].iter().all(|&b| b == b'a') && all[9999] == b'j');
+        let (whole, rest) = read_up_to(body(2), 2500).await.unwrap();
+        assert!(rest.is_none());
+        assert_eq!(whole.len(), 2000);
+    }
+
+    #[tokio::test]
+    async fn an_exchange_the_tape_has_no_room_for_is_sent_and_left_out() {
+        let (port, seen) = server().await;
+        let url = format!("http://127.0.0.1:{port}/v2.0/networks");
+        let tape = Arc::new(Mutex::new(Tape::recording()));
+        let mut p = policy(&[&format!("127.0.0.1:{port}")]);
+        p.tape = Some(tape.clone());
+        assert_eq!(call(&mut p, get(&url)).await.unwrap(), 200);
+        tape.lock().unwrap().leave_out();
+        assert_eq!(tape.lock().unwrap().room(), 0);
+        assert_eq!(call(&mut p, get(&url)).await.unwrap(), 200);
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        let (calls, left_out, _) = crate::sandbox::tape::Tapes::take_http(tape).into_calls();
+        assert_eq!((calls.len(), left_out), (1, 2), "{calls:?}");
+    }
+
+    #[tokio::test]
     async fn https_goes_to_the_checked_address_with_the_name_for_tls() {
         let (port, seen) = server().await;
         let rules = [

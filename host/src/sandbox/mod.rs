@@ -11,6 +11,7 @@ mod guest_clock;
 mod host_calls;
 mod host_calls_v0_1;
 pub mod http;
+pub mod recorder;
 pub mod redact;
 pub mod tape;
 mod versions;
