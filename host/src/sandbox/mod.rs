@@ -666,13 +666,19 @@ fn save_recording(
         free_text_withheld: withhold,
         result: tape::result_json(result, withhold),
     };
-    if let Err(why) = recording.redact(services.secrets(), credentials) {
-        recorder.refuse(services.plugin_name(), &why);
-        return;
-    }
-    // A recording can be megabytes: written off the async threads.
+    let secrets: Vec<(String, String)> = services
+        .secrets()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    // A recording can be megabytes: searched and written off the async threads.
     let recorder = recorder.clone();
-    tokio::task::spawn_blocking(move || recorder.save(&recording));
+    tokio::task::spawn_blocking(move || {
+        let secrets = secrets.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        match recording.redact(secrets, credentials) {
+            Ok(()) => recorder.save(&recording),
+            Err(why) => recorder.refuse(&recording.plugin, &why),
+        }
+    });
 }
 
 /// Calls a warm instance serves before it is replaced by a fresh one.
