@@ -294,6 +294,13 @@ impl Services {
         self.reach.as_ref()?.secrets.get(key)
     }
 
+    /// Every secret setting of the plugin, name and value (to keep them out of recordings).
+    pub(crate) fn secrets(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.reach
+            .iter()
+            .flat_map(|r| r.secrets.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
     /// Every secret value the plugin may read (to keep them out of recordings).
     pub(crate) fn secret_values(&self) -> impl Iterator<Item = &str> {
         self.reach

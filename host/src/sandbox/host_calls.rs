@@ -571,8 +571,15 @@ impl log::Host for CallCtx {
     ) -> wasmtime::Result<()> {
         let fields_size: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
         self.admit("log.log", [message.len(), fields_size])?;
-        if self.tape.is_some() {
-            let args = json!({"level": format!("{level:?}"), "message": message, "fields": fields});
+        if let Some(tape) = &self.tape {
+            // Recorded even when the budget drops the line (a replay compares it), but cut as the
+            // line is, and only its level when the plugin holds secrets.
+            let args = crate::sandbox::tape::log_args(
+                &format!("{level:?}"),
+                &message,
+                &fields,
+                tape.withholds_free_text(),
+            );
             self.taped("log.log", args, || Value::Null);
         }
         if !self.services.budgets.log_line() {
@@ -621,8 +628,8 @@ impl config::Host for CallCtx {
     async fn secret(&mut self, key: String) -> wasmtime::Result<Option<String>> {
         self.admit("config.secret", [key.len()])?;
         let args = json!({"key": key});
-        // A secret value is never written to a recording: only whether there was one, and its
-        // digest (so a replay can tell the recorded value changed); a replay hands a placeholder.
+        // A secret value is never written to a recording: only whether there was one, as a
+        // placeholder naming the setting (made from nothing of the value); a replay hands it.
         if let Some(answer) = self.replayed("config.secret", &args) {
             return Ok(answer
                 .get("placeholder")
@@ -631,7 +638,7 @@ impl config::Host for CallCtx {
         }
         let out = self.services.secret(&key).cloned();
         self.taped("config.secret", args, || match &out {
-            Some(v) => json!({"placeholder": crate::sandbox::tape::secret_placeholder(v)}),
+            Some(_) => json!({"placeholder": crate::sandbox::tape::secret_placeholder(&key)}),
             None => Value::Null,
         });
         Ok(out)

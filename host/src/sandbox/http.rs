@@ -648,7 +648,7 @@ impl WasiHttpHooks for HttpPolicy {
         {
             // A replay reaches no network: the recorded answer, or an error where there is none.
             return Box::new(async move {
-                let (args, _) = taped_request(request).await?;
+                let args = replayed_request(request).await?;
                 let answer = tape
                     .lock()
                     .ok()
@@ -684,20 +684,57 @@ impl WasiHttpHooks for HttpPolicy {
             let Some(tape) = tape else {
                 return send(request, &target, &addrs, timeouts).await;
             };
-            // Recorded: the bodies are read whole, so what was sent and answered can be written.
-            let (args, request) = taped_request(request).await?;
+            // Recorded: the bodies are read, up to what the recording may still hold, so what was
+            // sent and answered can be written. An exchange past that is sent as it comes, left
+            // out of the recording (which then says so), and never buffered whole.
+            let room = tape.lock().map_or(0, |t| t.room());
+            let leave_out = || {
+                if let Ok(mut t) = tape.lock() {
+                    t.leave_out();
+                }
+            };
+            let (parts, body) = request.into_parts();
+            let (sent, rest) = read_up_to(body, room.min(MAX_TAPED_REQUEST_BODY)).await?;
+            if let Some(rest) = rest {
+                leave_out();
+                let request = http::Request::from_parts(parts, prefixed(sent, rest));
+                return send(request, &target, &addrs, timeouts).await;
+            }
+            let (args, credentials) = request_json(&parts, &sent);
+            let request = http::Request::from_parts(parts, full_body(sent));
             let (response, io) = send(request, &target, &addrs, timeouts).await?;
+            let limit = room
+                .saturating_sub(args.to_string().len())
+                .min(MAX_TAPED_RESPONSE_BODY);
+            if response.body().size_hint().lower() > limit as u64 {
+                leave_out();
+                return Ok((response, io));
+            }
             // The connection must be driven while the body is read; once it is read whole the
             // connection has nothing more to give.
             let driver = tokio::spawn(Box::into_pin(io));
-            let taped = taped_response(response).await;
-            driver.abort();
-            let (answer, response) = taped?;
+            let stop = AbortOnDrop(driver.abort_handle());
+            let (parts, body) = response.into_parts();
+            let (bytes, rest) = read_up_to(body, limit).await?;
+            if let Some(rest) = rest {
+                leave_out();
+                let response = http::Response::from_parts(parts, prefixed(bytes, rest));
+                let io = async move {
+                    let _stop = stop;
+                    driver.await.unwrap_or(Err(Error::HttpProtocolError))
+                };
+                return Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>));
+            }
+            drop(stop);
+            let (answer, answer_credentials) = response_json(&parts, &bytes);
             if let Ok(mut t) = tape.lock() {
+                for c in credentials.iter().chain(&answer_credentials) {
+                    t.credential_header(c);
+                }
                 t.note(HTTP_CALL, args, answer);
             }
             Ok((
-                response,
+                http::Response::from_parts(parts, full_body(bytes)),
                 Box::new(async { Ok(()) }) as Box<dyn Future<Output = _> + Send>,
             ))
         })
@@ -721,22 +758,27 @@ const CREDENTIAL_HEADERS: [&str; 6] = [
     "x-subject-token",
 ];
 
-fn headers_json(headers: &http::HeaderMap) -> serde_json::Value {
+/// The headers as recorded, with credential headers' values as "redacted"; and those values,
+/// to be kept out of the rest of the recording too.
+fn headers_json(headers: &http::HeaderMap) -> (serde_json::Value, Vec<String>) {
+    let mut credentials = Vec::new();
     let pairs: Vec<(String, String)> = headers
         .iter()
         // Follows from the body, which a recording may have redacted: left out, and made again
         // from the body a replay hands back.
         .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
         .map(|(k, v)| {
+            let text = String::from_utf8_lossy(v.as_bytes()).into_owned();
             let value = if CREDENTIAL_HEADERS.contains(&k.as_str()) {
+                credentials.push(text);
                 "redacted".to_string()
             } else {
-                String::from_utf8_lossy(v.as_bytes()).into_owned()
+                text
             };
             (k.as_str().to_string(), value)
         })
         .collect();
-    serde_json::json!(pairs)
+    (serde_json::json!(pairs), credentials)
 }
 
 fn full_body(bytes: Bytes) -> WasiBody {
@@ -746,43 +788,86 @@ fn full_body(bytes: Bytes) -> WasiBody {
         .boxed_unsync()
 }
 
-/// A request as recorded, and the same request with its body read whole.
-async fn taped_request(
-    request: http::Request<WasiBody>,
-) -> Result<(serde_json::Value, http::Request<WasiBody>), Error> {
+/// Reads a body up to `limit` bytes: the bytes and `None` when it ended within them, or the bytes
+/// read so far and the rest of the body (never more than `limit` plus one frame is held).
+async fn read_up_to(mut body: WasiBody, limit: usize) -> Result<(Bytes, Option<WasiBody>), Error> {
     use http_body_util::BodyExt;
-    let (parts, body) = request.into_parts();
-    let bytes = http_body_util::Limited::new(body, MAX_TAPED_REQUEST_BODY)
-        .collect()
-        .await
-        .map_err(|_| Error::HttpRequestBodySize(None))?
-        .to_bytes();
+    if body.size_hint().lower() > limit as u64 {
+        return Ok((Bytes::new(), Some(body)));
+    }
+    let mut buf = Vec::new();
+    loop {
+        if buf.len() > limit {
+            return Ok((Bytes::from(buf), Some(body)));
+        }
+        match body.frame().await {
+            None => return Ok((Bytes::from(buf), None)),
+            Some(frame) => {
+                // Trailers end a body; a recording keeps none (as before).
+                if let Ok(data) = frame?.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+}
+
+/// A body of `first`, then whatever `rest` still gives.
+fn prefixed(first: Bytes, rest: WasiBody) -> WasiBody {
+    use http_body_util::BodyExt;
+    let first = http_body_util::Full::new(first).map_err(|never| match never {});
+    let stream = futures::stream::unfold((Some(first), rest), |(mut first, mut rest)| async move {
+        if let Some(f) = first.as_mut()
+            && let Some(frame) = f.frame().await
+        {
+            return Some((frame, (first, rest)));
+        }
+        let frame = rest.frame().await?;
+        Some((frame, (None, rest)))
+    });
+    http_body_util::StreamBody::new(stream).boxed_unsync()
+}
+
+/// Aborts a spawned task when dropped (the guest dropped the response it was driving).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A request as recorded, and the credential header values it carried.
+fn request_json(parts: &http::request::Parts, body: &[u8]) -> (serde_json::Value, Vec<String>) {
+    let (headers, credentials) = headers_json(&parts.headers);
     let args = serde_json::json!({
         "method": parts.method.as_str(),
         "uri": parts.uri.to_string(),
-        "headers": headers_json(&parts.headers),
-        "body": String::from_utf8_lossy(&bytes),
+        "headers": headers,
+        "body": String::from_utf8_lossy(body),
     });
-    Ok((args, http::Request::from_parts(parts, full_body(bytes))))
+    (args, credentials)
 }
 
-/// A response as recorded, and the same response with its body read whole.
-async fn taped_response(
-    response: http::Response<WasiBody>,
-) -> Result<(serde_json::Value, http::Response<WasiBody>), Error> {
-    use http_body_util::BodyExt;
-    let (parts, body) = response.into_parts();
-    let bytes = http_body_util::Limited::new(body, MAX_TAPED_RESPONSE_BODY)
-        .collect()
-        .await
-        .map_err(|_| Error::HttpResponseBodySize(None))?
-        .to_bytes();
+/// A response as recorded, and the credential header values it carried.
+fn response_json(parts: &http::response::Parts, body: &[u8]) -> (serde_json::Value, Vec<String>) {
+    let (headers, credentials) = headers_json(&parts.headers);
     let answer = serde_json::json!({
         "status": parts.status.as_u16(),
-        "headers": headers_json(&parts.headers),
-        "body": String::from_utf8_lossy(&bytes),
+        "headers": headers,
+        "body": String::from_utf8_lossy(body),
     });
-    Ok((answer, http::Response::from_parts(parts, full_body(bytes))))
+    (answer, credentials)
+}
+
+/// A replayed request as recorded (its body read whole, as a recording reads it).
+async fn replayed_request(request: http::Request<WasiBody>) -> Result<serde_json::Value, Error> {
+    let (parts, body) = request.into_parts();
+    let (bytes, rest) = read_up_to(body, MAX_TAPED_REQUEST_BODY).await?;
+    if rest.is_some() {
+        return Err(Error::HttpRequestBodySize(None));
+    }
+    Ok(request_json(&parts, &bytes).0)
 }
 
 /// The recorded response to a replayed request; a request not in the recording is refused.
@@ -1508,6 +1593,46 @@ mod tests {
             "{}",
             seen[0]
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_limit_is_held_only_up_to_it_and_streams_whole() {
+        use http_body_util::BodyExt;
+        let body = |n: u8| {
+            let frames: Vec<Result<Frame<Bytes>, Error>> = (0..n)
+                .map(|i| Ok(Frame::data(Bytes::from(vec![b'a' + i; 1000]))))
+                .collect();
+            http_body_util::StreamBody::new(futures::stream::iter(frames)).boxed_unsync()
+        };
+        let (first, rest) = read_up_to(body(10), 2500).await.unwrap();
+        // At most the limit and one frame.
+        assert!(first.len() > 2500 && first.len() <= 3500, "{}", first.len());
+        let all = prefixed(first, rest.expect("the rest"))
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(all.len(), 10_000);
+        assert!(all[..1000].iter().all(|&b| b == b'a') && all[9999] == b'j');
+        let (whole, rest) = read_up_to(body(2), 2500).await.unwrap();
+        assert!(rest.is_none());
+        assert_eq!(whole.len(), 2000);
+    }
+
+    #[tokio::test]
+    async fn an_exchange_the_tape_has_no_room_for_is_sent_and_left_out() {
+        let (port, seen) = server().await;
+        let url = format!("http://127.0.0.1:{port}/v2.0/networks");
+        let tape = Arc::new(Mutex::new(Tape::recording()));
+        let mut p = policy(&[&format!("127.0.0.1:{port}")]);
+        p.tape = Some(tape.clone());
+        assert_eq!(call(&mut p, get(&url)).await.unwrap(), 200);
+        tape.lock().unwrap().leave_out();
+        assert_eq!(tape.lock().unwrap().room(), 0);
+        assert_eq!(call(&mut p, get(&url)).await.unwrap(), 200);
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        let (calls, left_out, _) = crate::sandbox::tape::Tapes::take_http(tape).into_calls();
+        assert_eq!((calls.len(), left_out), (1, 2), "{calls:?}");
     }
 
     #[tokio::test]

@@ -11,6 +11,8 @@ mod guest_clock;
 mod host_calls;
 mod host_calls_v0_1;
 pub mod http;
+pub mod recorder;
+pub mod redact;
 pub mod tape;
 mod versions;
 
@@ -282,7 +284,7 @@ impl Runtime {
         limits: &Limits,
         req: &Request,
     ) -> Result<Result<Action, ReconcileError>, CallError> {
-        let tape = services.recorder.as_ref().map(|_| Tapes::recording());
+        let tape = recording_tapes(&services);
         let started_at = std::time::SystemTime::now();
         let (result, tape) = self
             .call(
@@ -334,7 +336,10 @@ impl Runtime {
         };
         replay.made.extend(http.made);
         replay.differences.extend(http.differences);
-        (tape::result_json(&result), replay)
+        (
+            tape::result_json(&result, recording.free_text_withheld),
+            replay,
+        )
     }
 
     /// Instantiates in a fresh store and drops it, for benchmarks of the per-call price of
@@ -482,9 +487,7 @@ impl Runtime {
         };
         warm.store.data_mut().begin_call();
         warm.store.data_mut().set_key(&req.key);
-        warm.store
-            .data_mut()
-            .set_tapes(services.recorder.as_ref().map(|_| Tapes::recording()));
+        warm.store.data_mut().set_tapes(recording_tapes(&services));
         let started_at = std::time::SystemTime::now();
         let reused = warm.calls > 0;
         warm.store.set_epoch_deadline(1);
@@ -599,6 +602,22 @@ fn finish<R>(
     }
 }
 
+/// The tapes of a reconcile when the plugin is recorded. A plugin holding a secret value too short
+/// to redact is not recorded at all, so nothing of its exchanges is kept; one holding secrets has
+/// its free text withheld.
+fn recording_tapes(services: &Services) -> Option<Tapes> {
+    let recorder = services.recorder.as_ref()?;
+    let mut holds = false;
+    for v in services.secret_values().filter(|v| !v.is_empty()) {
+        if v.chars().count() < redact::MIN_SECRET_CHARS {
+            recorder.refuse(services.plugin_name(), &redact::Unsafe::TooShort);
+            return None;
+        }
+        holds = true;
+    }
+    Some(Tapes::recording(holds))
+}
+
 /// Writes the recording of a reconcile when the plugin's recorder wants it.
 fn save_recording(
     services: &Services,
@@ -616,8 +635,15 @@ fn save_recording(
     if !recorder.wants(failed) {
         return;
     }
-    let (calls, calls_left_out) = tape.into_calls();
-    let (http, http_left_out) = http.into_calls();
+    let withhold = tape.withholds_free_text();
+    let (calls, calls_left_out, _) = tape.into_calls();
+    let (http, http_left_out, credentials) = http.into_calls();
+    // The object comes from the API server (a few MiB at most); past the bound it is left out,
+    // and the recording says so.
+    let (object, object_left_out) = match &req.object {
+        Some(o) if o.len() > tape::MAX_RECORDED_OBJECT => (None, 1),
+        other => (other.clone(), 0),
+    };
     let mut recording = tape::Recording {
         format: tape::FORMAT,
         plugin: services.plugin_name().to_string(),
@@ -631,18 +657,28 @@ fn save_recording(
         request: tape::RecordedRequest {
             namespace: req.key.namespace.clone(),
             name: req.key.name.clone(),
-            object: req.object.clone(),
+            object,
             attempt: req.attempt,
         },
         calls,
         http,
-        calls_left_out: calls_left_out + http_left_out,
-        result: tape::result_json(result),
+        calls_left_out: calls_left_out + http_left_out + object_left_out,
+        free_text_withheld: withhold,
+        result: tape::result_json(result, withhold),
     };
-    recording.redact(services.secret_values());
-    // A recording can be megabytes: written off the async threads.
+    let secrets: Vec<(String, String)> = services
+        .secrets()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    // A recording can be megabytes: searched and written off the async threads.
     let recorder = recorder.clone();
-    tokio::task::spawn_blocking(move || recorder.save(&recording));
+    tokio::task::spawn_blocking(move || {
+        let secrets = secrets.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        match recording.redact(secrets, credentials) {
+            Ok(()) => recorder.save(&recording),
+            Err(why) => recorder.refuse(&recording.plugin, &why),
+        }
+    });
 }
 
 /// Calls a warm instance serves before it is replaced by a fresh one.
