@@ -152,7 +152,14 @@ struct State {
 struct PluginEntry {
     client: kube::Client,
     entries: usize,
+    /// When its last rejected event was logged, and how many were rejected since: one warning
+    /// a minute per plugin at most (the API server's answer quotes the plugin's own values).
+    rejection_logged: Option<Instant>,
+    rejected_quietly: u64,
 }
+
+/// How often a plugin's rejected events are logged at most.
+const REJECTION_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 struct Shared {
     settings: EventSettings,
@@ -297,7 +304,15 @@ impl EventSink {
         let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let plugin: Arc<str> = plugin.into();
         let entries = count_entries(&st, &plugin);
-        st.plugins.insert(plugin, PluginEntry { client, entries });
+        st.plugins.insert(
+            plugin,
+            PluginEntry {
+                client,
+                entries,
+                rejection_logged: None,
+                rejected_quietly: 0,
+            },
+        );
     }
 
     /// Forgets a stopped plugin: its pending writes and bookkeeping go with it.
@@ -446,6 +461,36 @@ impl Writer {
         }
     }
 
+    /// Logs a rejected event, at most once a minute per plugin (the rest are counted in
+    /// `wcm_events_dropped_total{reason="rejected"}` and summed in the next line).
+    fn log_rejection(&self, plugin: &str, name: &str, code: u16, message: &str) {
+        let now = Instant::now();
+        let quiet = {
+            let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(entry) = st.plugins.get_mut(plugin) else {
+                return;
+            };
+            if entry
+                .rejection_logged
+                .is_some_and(|t| now.duration_since(t) < REJECTION_LOG_INTERVAL)
+            {
+                entry.rejected_quietly += 1;
+                return;
+            }
+            entry.rejection_logged = Some(now);
+            std::mem::take(&mut entry.rejected_quietly)
+        };
+        let message = crate::contract::validate::log_text(message, 512);
+        let event = crate::contract::validate::log_text(name, 253);
+        tracing::warn!(
+            plugin,
+            event = %event,
+            code,
+            rejected_since_last_line = quiet,
+            "event rejected by the API server: {message}"
+        );
+    }
+
     async fn write(&self, plugin: &str, namespace: &str, name: &str, job: Job) -> bool {
         let metrics = &self.shared.metrics;
         let client = {
@@ -488,8 +533,8 @@ impl Writer {
                 }
                 // The namespace is going away, or the request is invalid: retrying cannot help.
                 Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
-                    tracing::warn!(plugin, event = name, "event rejected: {}", s.message);
                     metrics.event_dropped(plugin, "rejected");
+                    self.log_rejection(plugin, name, s.code, &s.message);
                     return false;
                 }
                 Err(err) => {

@@ -529,7 +529,9 @@ impl PluginManager {
                     );
                 }
                 Err(LoadError::Refused(e)) => {
-                    let msg = format!("{e:#}");
+                    // Compiler and describe errors can quote the component's own names and
+                    // strings: escaped and bounded before they reach the log or `/plugins`.
+                    let msg = crate::contract::validate::log_text(&format!("{e:#}"), 4096);
                     let keeps = if self.running.lock().await.contains_key(stem) {
                         "; the previous version keeps running"
                     } else {
