@@ -204,15 +204,7 @@ async fn a_reconcile_recorded_against_neutron_replays_offline(os: &OpenStack) ->
         !raw.contains(&info.application_credential_secret),
         "a credential reached the recording"
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
-        .arg("replay")
-        .arg(&file)
-        .arg(dir.join("network.wasm"))
-        .env_remove("KUBECONFIG")
-        .output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    let text = replay_offline(&file, &dir.join("network.wasm"))?;
     assert!(text.contains("http.request"), "{text}");
     assert!(text.contains("same calls and result as recorded"), "{text}");
     Ok(())

@@ -81,26 +81,6 @@ fn deployment_grants(objects: &[Value]) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// The plugin's report (annotation `wcm.test/attacks`) on ConfigMap `name`.
-async fn report(cms: &Api<ConfigMap>, name: &str) -> Result<Value> {
-    eventually(
-        &format!("the plugin reports on {name}"),
-        Duration::from_secs(60),
-        || async {
-            let c = cms.get(name).await?;
-            let Some(text) = c
-                .metadata
-                .annotations
-                .and_then(|a| a.get("wcm.test/attacks").cloned())
-            else {
-                return Ok(None);
-            };
-            Ok(Some(serde_json::from_str(&text)?))
-        },
-    )
-    .await
-}
-
 fn probe(name: &str, target: &str) -> Result<ConfigMap> {
     Ok(serde_json::from_value(
         json!({"metadata": {"name": name}, "data": {"target": target}}),
@@ -165,12 +145,12 @@ async fn a_granted_plugin_cannot_patch_the_hosts_deployment() -> Result<()> {
         &probe("named-own", &format!("{TEAM_NS}/app"))?,
     )
     .await?;
-    let host = report(&cms, "named-host").await?;
+    let host = reported_attacks::<Value>(&cms, "named-host").await?;
     for call in ["patch", "get", "list-all-namespaces"] {
         assert_eq!(host[call]["code"], 403, "{call}: {host}");
         assert_eq!(host[call]["reason"], "OutOfScope", "{call}: {host}");
     }
-    let own = report(&cms, "named-own").await?;
+    let own = reported_attacks::<Value>(&cms, "named-own").await?;
     assert_eq!(own["patch"]["code"], 0, "it acts where it was named: {own}");
     let app = team_deployments.get("app").await?;
     assert_eq!(
@@ -250,7 +230,7 @@ async fn a_granted_plugin_cannot_patch_the_hosts_deployment() -> Result<()> {
         &probe("all-host", &format!("{HOST_NS}/{HOST_DEPLOYMENT}"))?,
     )
     .await?;
-    let host = report(&cms, "all-host").await?;
+    let host = reported_attacks::<Value>(&cms, "all-host").await?;
     assert_eq!(host["patch"]["reason"], "OutOfScope", "{host}");
     assert_eq!(host["get"]["reason"], "OutOfScope", "{host}");
     assert_eq!(

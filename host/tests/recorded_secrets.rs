@@ -425,15 +425,7 @@ async fn an_honest_plugin_s_password_and_token_stay_out_and_it_still_replays() -
     }
 
     // Offline, the same calls and result.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
-        .arg("replay")
-        .arg(&creating)
-        .arg(dir.join("network.wasm"))
-        .env_remove("KUBECONFIG")
-        .output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    let text = replay_offline(&creating, &dir.join("network.wasm"))?;
     assert!(text.contains("same calls and result as recorded"), "{text}");
     Ok(())
 }

@@ -366,3 +366,42 @@ pub async fn service_account_config(
     }
     Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
 }
+
+/// `wasm-controller-manager replay FILE PLUGIN` offline (no kubeconfig): its output, after
+/// checking it succeeded.
+pub fn replay_offline(file: &Path, wasm: &Path) -> Result<String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("replay")
+        .arg(file)
+        .arg(wasm)
+        .env_remove("KUBECONFIG")
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.success(), "replay failed: {text}");
+    Ok(text)
+}
+
+/// What a hostile probe plugin reports, as JSON, in the annotation `wcm.test/attacks` of
+/// ConfigMap `name`: each attempt and the answer it got.
+pub async fn reported_attacks<T: serde::de::DeserializeOwned>(
+    cms: &Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: &str,
+) -> Result<T> {
+    eventually(
+        &format!("the plugin reports its attempts on {name}"),
+        Duration::from_secs(60),
+        || async {
+            let c = cms.get(name).await?;
+            let Some(text) = c
+                .metadata
+                .annotations
+                .and_then(|a| a.get("wcm.test/attacks").cloned())
+            else {
+                return Ok(None);
+            };
+            Ok(Some(serde_json::from_str(&text)?))
+        },
+    )
+    .await
+}
