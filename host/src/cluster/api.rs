@@ -137,6 +137,15 @@ impl ApiFailure {
         )
     }
 
+    /// A write from a replica that no longer leads the plugin: not sent.
+    pub fn not_leader() -> Self {
+        Self::new(
+            503,
+            "NotLeader",
+            "this replica no longer leads: the write was not sent (the key is retried by the leader)",
+        )
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(404, "NotFound", message)
     }
@@ -204,14 +213,20 @@ impl ApiAccess {
     }
 
     /// Makes one API call with `client` (the plugin's identity); bodies and answers are JSON text.
+    /// A write passes `leading`: it is sent only if this replica still leads the plugin once its
+    /// turn in the host-wide bucket comes (a Lease may move while it waits).
     pub async fn call(
         &self,
         client: &kube::Client,
         plugin: &str,
         r: &Resolved,
         req: &ApiRequest<'_>,
+        leading: Option<&tokio::sync::watch::Receiver<bool>>,
     ) -> Result<String, ApiFailure> {
         self.limit.acquire().await;
+        if leading.is_some_and(|l| !*l.borrow()) {
+            return Err(ApiFailure::not_leader());
+        }
         let fut = Self::call_inner(client, plugin, r, req);
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(r) => r,

@@ -151,6 +151,9 @@ struct State {
 
 struct PluginEntry {
     client: kube::Client,
+    /// Whether this replica leads the plugin: checked before every write, so an event queued
+    /// before a Lease moved never leaves the old holder.
+    leading: tokio::sync::watch::Receiver<bool>,
     entries: usize,
     /// When its last rejected event was logged, and how many were rejected since: one warning
     /// a minute per plugin at most (the API server's answer quotes the plugin's own values).
@@ -299,8 +302,14 @@ impl EventSink {
         }
     }
 
-    /// Events of `plugin` are written with `client` (the plugin's own identity) from now on.
-    pub fn register(&self, plugin: &str, client: kube::Client) {
+    /// Events of `plugin` are written with `client` (the plugin's own identity) from now on,
+    /// while `leading` says this replica leads it.
+    pub fn register(
+        &self,
+        plugin: &str,
+        client: kube::Client,
+        leading: tokio::sync::watch::Receiver<bool>,
+    ) {
         let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let plugin: Arc<str> = plugin.into();
         let entries = count_entries(&st, &plugin);
@@ -308,6 +317,7 @@ impl EventSink {
             plugin,
             PluginEntry {
                 client,
+                leading,
                 entries,
                 rejection_logged: None,
                 rejected_quietly: 0,
@@ -493,16 +503,23 @@ impl Writer {
 
     async fn write(&self, plugin: &str, namespace: &str, name: &str, job: Job) -> bool {
         let metrics = &self.shared.metrics;
-        let client = {
+        let entry = {
             let st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
-            st.plugins.get(plugin).map(|p| p.client.clone())
+            st.plugins
+                .get(plugin)
+                .map(|p| (p.client.clone(), p.leading.clone()))
         };
-        let Some(client) = client else {
+        let Some((client, leading)) = entry else {
             metrics.event_dropped(plugin, "plugin_stopped");
             return false;
         };
         let api: Api<Event> = Api::namespaced(client, namespace);
         for attempt in 0..=self.shared.settings.max_retries {
+            // Checked at send time, every attempt: the Lease may have moved since it was queued.
+            if !*leading.borrow() {
+                metrics.event_dropped(plugin, "not_leader");
+                return false;
+            }
             let result = match &job {
                 Job::Create(event) => api
                     .create(&PostParams::default(), event)
@@ -635,8 +652,41 @@ mod tests {
     fn sink_with(settings: EventSettings) -> EventSink {
         let s = EventSink::new(settings, Metrics::new());
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("static URL"));
-        s.register("p", kube::Client::try_from(config).expect("client"));
+        let (_, leading) = tokio::sync::watch::channel(true);
+        s.register(
+            "p",
+            kube::Client::try_from(config).expect("client"),
+            leading,
+        );
         s
+    }
+
+    #[tokio::test]
+    async fn an_event_queued_before_the_lease_moved_never_leaves_the_old_holder() {
+        let s = EventSink::new(EventSettings::default(), Metrics::new());
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("static URL"));
+        let (lease, leading) = tokio::sync::watch::channel(true);
+        s.register(
+            "p",
+            kube::Client::try_from(config).expect("client"),
+            leading,
+        );
+        s.record("p", event("a", "n"));
+        assert_eq!(s.pending(), 1);
+        // The Lease moves while the write waits in the queue.
+        lease.send(false).expect("receiver alive");
+        let writer = Writer {
+            shared: s.shared.clone(),
+        };
+        // A write that was sent would retry against the dead address for seconds.
+        let written = tokio::time::timeout(
+            Duration::from_secs(2),
+            writer.write("p", "ns", "a", Job::Series { count: 2 }),
+        )
+        .await
+        .expect("refused at once, nothing sent");
+        assert!(!written);
+        assert_eq!(testenv_free_metric(&s, "not_leader"), 1.0);
     }
 
     #[tokio::test]

@@ -328,16 +328,12 @@ impl Services {
             ));
         };
         let verb = req.verb.as_str();
-        if !matches!(
+        let writes = !matches!(
             req.verb,
             crate::cluster::api::Verb::Get | crate::cluster::api::Verb::List
-        ) && !*reach.leading.borrow()
-        {
-            return Err(ApiFailure::new(
-                503,
-                "NotLeader",
-                "this replica no longer leads: the write was not sent (the key is retried by the leader)",
-            ));
+        );
+        if writes && !*reach.leading.borrow() {
+            return Err(ApiFailure::not_leader());
         }
         if let Err(e) = check_request(req) {
             self.warn(format_args!("API call refused ({verb}): {e}"));
@@ -395,7 +391,13 @@ impl Services {
         self.budgets.api.acquire().await;
         reach
             .api
-            .call(reach.identity.client(), &self.plugin, &resolved, req)
+            .call(
+                reach.identity.client(),
+                &self.plugin,
+                &resolved,
+                req,
+                writes.then_some(&reach.leading),
+            )
             .await
     }
 

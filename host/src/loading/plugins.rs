@@ -929,9 +929,10 @@ impl PluginManager {
             .iter()
             .map(|k| self.parts.informers.acquire(k.clone()))
             .collect();
-        self.events.register(&name, identity.client().clone());
         // Per plugin, the plugin's election; a version swapped in keeps the running one's.
         let gate = self.parts.election.gate(&name);
+        self.events
+            .register(&name, identity.client().clone(), gate.holds.clone());
         let services = Arc::new(
             Services::new(
                 &name,
