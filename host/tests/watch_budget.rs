@@ -153,11 +153,11 @@ async fn thirty_three_pod_watches_open_no_stream_beyond_the_budget() -> Result<(
         &manager,
         "many-watches",
         "refused for its watch budget",
-        |s| refused_for_the_budget(s),
+        refused_for_the_budget,
     )
     .await?;
     let FileStatus::Refused { error } = &status else {
-        unreachable!("matched above")
+        anyhow::bail!("not refused: {status:?}")
     };
     assert!(
         error.contains("needs 33 list+watch streams") && error.contains("budget of 8"),
