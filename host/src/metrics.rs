@@ -277,7 +277,7 @@ impl Metrics {
         );
         r.register(
             "wcm_plugins_refused",
-            "Plugin files refused by a check this counts by reason (once per content; `watch_budget`: more list+watch streams than the plugin's budget)",
+            "Plugin files refused, by reason, once per content (`watch_budget`: the plugin needs more list+watch streams than its budget)",
             m.refused.clone(),
         );
         r.register(
