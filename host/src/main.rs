@@ -331,6 +331,12 @@ struct RunArgs {
     /// Most instances of one plugin alive at once, warm ones included (NAME.toml: max_instances).
     #[arg(long, env = "WCM_MAX_INSTANCES_PER_PLUGIN", default_value_t = 16)]
     max_instances_per_plugin: u32,
+    /// Most list+watch streams one plugin may need: its distinct (kind, namespace, label
+    /// selector, metadata-only) watches, selectors compared in canonical form; streams shared
+    /// with other plugins count too. A plugin that needs more is refused and opens none
+    /// (NAME.toml: max_watch_streams).
+    #[arg(long, env = "WCM_MAX_WATCH_STREAMS_PER_PLUGIN", default_value_t = 8)]
+    max_watch_streams_per_plugin: u32,
     /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
     #[arg(long, env = "WCM_WAIT_RETRY_SECONDS", default_value_t = 5)]
     wait_retry_seconds: u64,
@@ -541,6 +547,7 @@ impl RunArgs {
                 log_burst: (self.plugin_log_lines_per_second * 4.0).max(1.0) as u32,
                 max_instances: self.max_instances_per_plugin.max(1),
                 cpu_share: self.plugin_cpu_share.max(0.0),
+                max_watch_streams: self.max_watch_streams_per_plugin.max(1),
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),

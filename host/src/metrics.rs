@@ -40,6 +40,11 @@ struct PluginReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Forbidden {
     plugin: String,
     verb: String,
@@ -97,6 +102,7 @@ pub struct Metrics {
     events_written: Family<PluginReason, Counter>,
     informer_events: Family<InformerLabels, Counter>,
     plugins_loaded: Gauge<i64, AtomicI64>,
+    refused: Family<Reason, Counter>,
     leader: Family<Name, Gauge>,
     /// The label sets beyond its name each plugin's series carry, noted when a series is made, so
     /// [`Metrics::forget_plugin`] can remove every series of a removed plugin.
@@ -144,6 +150,7 @@ impl Metrics {
             events_written: Family::default(),
             informer_events: Family::default(),
             plugins_loaded: Gauge::default(),
+            refused: Family::default(),
             leader: Family::default(),
             extra_labels: Mutex::default(),
             registry: std::sync::Mutex::new(Registry::default()),
@@ -267,6 +274,11 @@ impl Metrics {
             "wcm_plugins_loaded",
             "Plugins currently running",
             m.plugins_loaded.clone(),
+        );
+        r.register(
+            "wcm_plugins_refused",
+            "Plugin files refused, by reason, once per content (`watch_budget`: the plugin needs more list+watch streams than its budget)",
+            m.refused.clone(),
         );
         r.register(
             "leader_election_master_status",
@@ -440,6 +452,15 @@ impl Metrics {
 
     pub fn plugins_loaded(&self, n: usize) {
         self.plugins_loaded.set(n as i64);
+    }
+
+    /// A plugin file refused for `reason` (a fixed word, never the plugin's text).
+    pub fn plugin_refused(&self, reason: &'static str) {
+        self.refused
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Whether this replica leads on Lease `lease` (client-go's `leader_election_master_status`).

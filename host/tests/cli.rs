@@ -264,6 +264,7 @@ fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> 
         "--kube-api-qps",
         "--leader-elect-mode",
         "--health-addr",
+        "--max-watch-streams-per-plugin",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }

@@ -156,6 +156,9 @@ pub struct BudgetSettings {
     pub max_instances: u32,
     /// Cores of guest CPU one plugin may use on average (0: no limit).
     pub cpu_share: f64,
+    /// Distinct list+watch streams (informer keys) one plugin may need; a plugin that needs more
+    /// is refused and opens none.
+    pub max_watch_streams: u32,
 }
 
 impl Default for BudgetSettings {
@@ -167,6 +170,7 @@ impl Default for BudgetSettings {
             log_burst: 200,
             max_instances: 16,
             cpu_share: 0.25,
+            max_watch_streams: 8,
         }
     }
 }

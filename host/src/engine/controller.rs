@@ -22,7 +22,7 @@ use crate::contract::mapping::{self, ExtraMapping};
 use crate::contract::validate;
 use crate::contract::{Action, Description, KindKey, KindRef, Mapping, ObjectKey, Request, Watch};
 use crate::engine::cache::{CachedObject, Key, ObjectStore};
-use crate::engine::informer::{Change, Informer, InformerKey, Informers};
+use crate::engine::informer::{Change, Informer, InformerKey, Informers, canonical_selector};
 use crate::engine::queue::WorkQueue;
 use crate::engine::rate_limit::{RateLimiter, RateLimits};
 use crate::metrics::Metrics;
@@ -137,7 +137,8 @@ pub struct ControllerDebug {
     pub last_error: Option<LastError>,
 }
 
-/// The informers a description needs, in order: primary first.
+/// The informers a description needs, in order: primary first. Two watches may need the same
+/// informer (the same kind, namespace, canonical selector and metadata-only).
 pub async fn resolve_watches(
     api: &ApiAccess,
     d: &Description,
@@ -164,7 +165,12 @@ fn informer_key(w: &Watch, plural: &str, namespaced: bool) -> InformerKey {
         } else {
             None
         },
-        label_selector: w.label_selector.clone().filter(|s| !s.trim().is_empty()),
+        // Canonical, so selectors written differently share a stream. Validated at load; text
+        // that does not parse (never here) would keep its own spelling.
+        label_selector: w.label_selector.as_deref().and_then(|s| {
+            canonical_selector(s)
+                .unwrap_or_else(|_| Some(s.trim().to_string()).filter(|t| !t.is_empty()))
+        }),
         metadata_only: w.metadata_only,
     }
 }

@@ -1,13 +1,14 @@
 //! Shared informers: one list+watch per (kind, namespace, label selector, metadata-only) for every
 //! plugin that needs it, reference-counted. The first plugin that asks starts it; when the last
-//! handle goes, its watch stops.
+//! handle goes, its watch stops. The selector of a key is in canonical form
+//! ([`canonical_selector`]), so selectors that differ only in spelling share one stream.
 //!
 //! kube-runtime's `watcher` does the list+watch, relists on 410 Gone and reconnects with backoff;
 //! this module keeps the cache (objects stored once, as JSON) and fans changes out to subscribers,
 //! coalesced per object so a slow subscriber holds at most one change per object.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures::StreamExt;
@@ -30,6 +31,7 @@ pub struct InformerKey {
     pub plural: String,
     /// Only this namespace; None for all (or a cluster-scoped kind).
     pub namespace: Option<String>,
+    /// In canonical form ([`canonical_selector`]); None selects everything.
     pub label_selector: Option<String>,
     pub metadata_only: bool,
 }
@@ -67,6 +69,81 @@ impl std::fmt::Display for InformerKey {
             write!(f, " (metadata)")?;
         }
         Ok(())
+    }
+}
+
+/// The canonical form of a label selector (already valid: `validate::label_selector`), so that
+/// selectors which differ only in how they are written name one informer key, one list+watch
+/// stream: whitespace gone, `==` written `=`, the values of a set sorted and deduplicated, the
+/// requirements sorted and deduplicated, joined by `,`. `None` for a selector with no requirement
+/// (it selects everything). Only rewrites that keep the meaning for the API server are made:
+/// `x in (a)` stays a set and is not turned into `x=a`, so what the API server accepts or refuses
+/// is unchanged.
+pub fn canonical_selector(text: &str) -> Result<Option<String>, String> {
+    // The same acceptance as every other use of a selector in the host.
+    crate::selector::Selector::parse(text)?;
+    let mut reqs = BTreeSet::new();
+    for part in split_top_level(text) {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        reqs.insert(
+            canonical_requirement(part)
+                .ok_or_else(|| format!("invalid label selector requirement {part:?}"))?,
+        );
+    }
+    Ok((!reqs.is_empty()).then(|| reqs.into_iter().collect::<Vec<_>>().join(",")))
+}
+
+/// Splits on commas that are not inside parentheses (as `wcm_selector` does).
+fn split_top_level(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&text[start..]);
+    out
+}
+
+/// One requirement, trimmed, in the order `wcm_selector` tells the operators apart.
+fn canonical_requirement(part: &str) -> Option<String> {
+    if let Some(k) = part.strip_prefix('!') {
+        return Some(format!("!{}", k.trim()));
+    }
+    if let Some((k, v)) = part.split_once("!=") {
+        return Some(format!("{}!={}", k.trim(), v.trim()));
+    }
+    if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+        return Some(format!("{}={}", k.trim(), v.trim()));
+    }
+    let words: Vec<&str> = part.splitn(2, char::is_whitespace).collect();
+    match words.as_slice() {
+        [k] => Some((*k).to_string()),
+        [k, rest] => {
+            let rest = rest.trim();
+            let (op, set) = if let Some(s) = rest.strip_prefix("notin") {
+                ("notin", s)
+            } else {
+                ("in", rest.strip_prefix("in")?)
+            };
+            let inner = set.trim().strip_prefix('(')?.strip_suffix(')')?;
+            let values: BTreeSet<&str> = inner.split(',').map(str::trim).collect();
+            Some(format!(
+                "{k} {op} ({})",
+                values.into_iter().collect::<Vec<_>>().join(",")
+            ))
+        }
+        _ => None,
     }
 }
 
@@ -149,6 +226,8 @@ pub struct Informers {
     client: kube::Client,
     running: Mutex<HashMap<InformerKey, Weak<Informer>>>,
     observer: Arc<dyn InformerObserver>,
+    /// The most informers running at once since [`Informers::take_peak`] was last called.
+    peak: std::sync::atomic::AtomicUsize,
 }
 
 impl Informers {
@@ -157,6 +236,7 @@ impl Informers {
             client,
             running: Mutex::new(HashMap::new()),
             observer,
+            peak: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -174,7 +254,20 @@ impl Informers {
         }
         let informer = Arc::new(self.start(key.clone()));
         running.insert(key, Arc::downgrade(&informer));
+        // Every entry left holds a live informer (the dead were just removed).
+        self.peak
+            .fetch_max(running.len(), std::sync::atomic::Ordering::Relaxed);
         informer
+    }
+
+    /// The most informers (list+watch streams) that ran at once since the last call, and starts
+    /// counting again from those running now. Tests use it to see that a budget held throughout a
+    /// change, not only before and after.
+    pub fn take_peak(&self) -> usize {
+        let now = self.running();
+        self.peak
+            .swap(now, std::sync::atomic::Ordering::Relaxed)
+            .max(now)
     }
 
     /// How many informers are running.
@@ -400,5 +493,106 @@ impl<const META: bool> kube::Resource for Raw<META> {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.meta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selector::Selector;
+
+    fn canon(s: &str) -> Option<String> {
+        canonical_selector(s).expect("a valid selector")
+    }
+
+    #[test]
+    fn equivalent_selectors_have_one_canonical_form() {
+        let groups: &[&[&str]] = &[
+            &["a=1,b=2", "b=2, a=1", " a == 1 ,b=2", "b=2,a=1,a=1"],
+            &[
+                "x in (a,b)",
+                "x in (b,a)",
+                "x  in ( b , a , a )",
+                "x in(a,b)",
+            ],
+            &["x notin (a,b),!y", "!y, x notin (b,a)", "! y,x notin (a,b)"],
+            &["a!=1,app", "app , a != 1"],
+        ];
+        for group in groups {
+            let first = canon(group[0]);
+            for s in *group {
+                assert_eq!(canon(s), first, "{s:?} and {:?}", group[0]);
+            }
+        }
+        assert_eq!(canon("b=2, a=1").as_deref(), Some("a=1,b=2"));
+        assert_eq!(canon("x in (b,a)").as_deref(), Some("x in (a,b)"));
+    }
+
+    #[test]
+    fn different_selectors_keep_different_canonical_forms() {
+        let distinct = [
+            "a!=1",
+            "a!=2",
+            "a=1",
+            "a",
+            "!a",
+            "a in (1)",
+            "a notin (1)",
+            "a in (1,2)",
+            "a=1,b=2",
+            "a=1,b=3",
+            "a in ()",
+            "a in (,1)",
+        ];
+        let forms: BTreeSet<Option<String>> = distinct.iter().map(|s| canon(s)).collect();
+        assert_eq!(forms.len(), distinct.len(), "{forms:?}");
+    }
+
+    #[test]
+    fn the_canonical_form_selects_what_the_selector_selects() {
+        let label_sets: [&[(&str, &str)]; 6] = [
+            &[],
+            &[("a", "1")],
+            &[("a", "1"), ("b", "2")],
+            &[("x", "a")],
+            &[("x", "c"), ("y", "")],
+            &[("a", "2"), ("app", "web"), ("x", "")],
+        ];
+        for s in [
+            "a=1,b=2",
+            " b == 2 , a=1",
+            "x in (b, a)",
+            "x notin (b,a), !y",
+            "a!=1, app",
+            "x in (a, )",
+            "",
+            " , ",
+        ] {
+            let original = Selector::parse(s).expect("valid");
+            let canonical = Selector::parse(canon(s).as_deref().unwrap_or("")).expect("valid");
+            for labels in label_sets {
+                let labels = labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                assert_eq!(
+                    original.matches(&labels),
+                    canonical.matches(&labels),
+                    "{s:?} on {labels:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_selector_selects_everything_and_has_no_form() {
+        assert_eq!(canon(""), None);
+        assert_eq!(canon(" , ,"), None);
+    }
+
+    #[test]
+    fn an_invalid_selector_has_no_canonical_form() {
+        assert!(canonical_selector("a=1&watch=true").is_err());
+        assert!(canonical_selector("x in a").is_err());
     }
 }

@@ -786,15 +786,28 @@ impl PluginManager {
                 ));
             }
         }
+        let watches = resolve_watches(&self.parts.api, &description)
+            .await
+            .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
+        // The watch budget, before anything else is asked of the API server as the plugin: a
+        // plugin over it opens no stream at all (nor reads a Secret, nor reviews a grant).
+        let budgets = settings.budgets(&self.settings.budgets);
+        let streams = distinct_streams(watches.iter().map(|(k, _)| k));
+        if streams > budgets.max_watch_streams as usize {
+            self.parts.metrics.plugin_refused(REFUSED_WATCH_BUDGET);
+            return Err(anyhow::anyhow!(
+                "plugin {name} needs {streams} list+watch streams (the distinct kinds, namespaces, label selectors and metadata-only among its {} watches), over its budget of {} (--max-watch-streams-per-plugin, or max_watch_streams in {stem}.toml); no watch was opened",
+                watches.len(),
+                budgets.max_watch_streams,
+            )
+            .into());
+        }
         let identity = PluginIdentity::new(&self.kube_config, &self.settings.identity, &name)?;
         let secrets = self
             .resolve_secrets(&settings, &identity)
             .await
             .map_err(|(f, m)| waiting(WaitReason::of(&f), m))?;
         let secrets_digest = digest_of(&secrets);
-        let watches = resolve_watches(&self.parts.api, &description)
-            .await
-            .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
         let scope = Scope::resolve(
             settings.namespaces.as_deref(),
             &watches
@@ -871,7 +884,6 @@ impl PluginManager {
             .max(1);
         // A worker holds at most one instance: never more workers than the plugin may have
         // instances, or a worker would wait for a slot while holding its key.
-        let budgets = settings.budgets(&self.settings.budgets);
         let workers = asked
             .min(self.settings.max_workers.max(1))
             .min(budgets.max_instances.max(1));
@@ -925,6 +937,28 @@ impl PluginManager {
             );
             return Ok(());
         }
+        let mut previous = previous.and_then(|p| p.controller);
+        let same_shape = match &previous {
+            Some(c) => c.name == name && c.fits(&keys, workers, &description, resync).await,
+            None => false,
+        };
+        // A restarted controller's new informers start before the old ones stop, so the streams
+        // both versions need keep their caches. When the two together are over the budget, the
+        // old version stops first: a plugin never holds more streams than its budget, not even
+        // while a new version starts.
+        if !same_shape
+            && let Some(c) = previous.take_if(|c| {
+                distinct_streams(c.informer_keys().iter().chain(&keys))
+                    > budgets.max_watch_streams as usize
+            })
+        {
+            tracing::info!(plugin = %name, "the running and the new version together need more list+watch streams than the budget: stopping the running one before the new one starts");
+            let old_name = c.name.clone();
+            c.stop().await;
+            if old_name != name {
+                self.events.unregister(&old_name);
+            }
+        }
         let informers: Vec<_> = keys
             .iter()
             .map(|k| self.parts.informers.acquire(k.clone()))
@@ -968,11 +1002,7 @@ impl PluginManager {
             isolation,
             id: Version::next_id(),
         };
-        let same_shape = match previous.as_ref().and_then(|p| p.controller.as_ref()) {
-            Some(c) => c.name == name && c.fits(&keys, workers, &version.description, resync).await,
-            None => false,
-        };
-        let controller = match previous.and_then(|p| p.controller) {
+        let controller = match previous {
             Some(c) if same_shape => {
                 tracing::info!(plugin = %name, sha256 = %sha, "new version: replacing in place (queue kept, every key reconciled again)");
                 c.swap(version).await;
@@ -1102,6 +1132,18 @@ impl PluginManager {
             self.stop_running(r).await;
         }
     }
+}
+
+/// `wcm_plugins_refused_total{reason}` of a plugin that needs more list+watch streams than its
+/// budget.
+pub const REFUSED_WATCH_BUDGET: &str = "watch_budget";
+
+/// How many list+watch streams these informer keys are: one per distinct key (kind, namespace,
+/// canonical selector, metadata-only). A stream another plugin shares still counts.
+pub fn distinct_streams<'a>(keys: impl IntoIterator<Item = &'a InformerKey>) -> usize {
+    keys.into_iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 /// What a plugin's identity must be allowed so the host serves it from shared informers: list and

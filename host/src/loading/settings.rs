@@ -44,6 +44,9 @@ pub struct PluginSettings {
     /// (the plugins' identity namespace and the host's). A protected namespace is reached only
     /// when named here.
     pub namespaces: Option<Vec<String>>,
+    /// Distinct list+watch streams this plugin may need (default:
+    /// --max-watch-streams-per-plugin); the operator's choice, up or down.
+    pub max_watch_streams: Option<u32>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -84,6 +87,9 @@ impl PluginSettings {
         if s.max_instances == Some(0) {
             return Err("max_instances must be at least 1".into());
         }
+        if s.max_watch_streams == Some(0) {
+            return Err("max_watch_streams must be at least 1".into());
+        }
         if s.cpu_share.is_some_and(|c| !c.is_finite() || c < 0.0) {
             return Err("cpu_share must be a number of cores, at least 0 (0: no limit)".into());
         }
@@ -104,6 +110,7 @@ impl PluginSettings {
             api_burst: self.api_burst.unwrap_or(defaults.api_burst),
             max_instances: self.max_instances.unwrap_or(defaults.max_instances),
             cpu_share: self.cpu_share.unwrap_or(defaults.cpu_share),
+            max_watch_streams: self.max_watch_streams.unwrap_or(defaults.max_watch_streams),
             ..*defaults
         }
     }
@@ -294,5 +301,20 @@ mod tests {
         assert!(PluginSettings::parse("workers = 0").is_err());
         assert!(PluginSettings::parse("workers = \"two\"").is_err());
         assert!(PluginSettings::parse("isolation = \"none\"").is_err());
+        assert!(PluginSettings::parse("max_watch_streams = 0").is_err());
+    }
+
+    #[test]
+    fn the_watch_stream_budget_is_the_flag_unless_the_operator_sets_it() {
+        let defaults = BudgetSettings {
+            max_watch_streams: 8,
+            ..BudgetSettings::default()
+        };
+        let none = PluginSettings::parse("").expect("valid");
+        assert_eq!(none.budgets(&defaults).max_watch_streams, 8);
+        for n in [2, 40] {
+            let s = PluginSettings::parse(&format!("max_watch_streams = {n}")).expect("valid");
+            assert_eq!(s.budgets(&defaults).max_watch_streams, n);
+        }
     }
 }
