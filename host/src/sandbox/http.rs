@@ -728,8 +728,8 @@ impl WasiHttpHooks for HttpPolicy {
             drop(stop);
             let (answer, answer_credentials) = response_json(&parts, &bytes);
             if let Ok(mut t) = tape.lock() {
-                for c in credentials.iter().chain(&answer_credentials) {
-                    t.credential_header(c);
+                for (name, value) in credentials.iter().chain(&answer_credentials) {
+                    t.credential_header(name, value);
                 }
                 t.note(HTTP_CALL, args, answer);
             }
@@ -748,19 +748,11 @@ const HTTP_CALL: &str = "http.request";
 const MAX_TAPED_REQUEST_BODY: usize = 4 << 20;
 const MAX_TAPED_RESPONSE_BODY: usize = 16 << 20;
 
-/// Headers whose values are credentials: recorded (and compared) as "redacted".
-const CREDENTIAL_HEADERS: [&str; 6] = [
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-    "x-auth-token",
-    "x-subject-token",
-];
-
-/// The headers as recorded, with credential headers' values as "redacted"; and those values,
-/// to be kept out of the rest of the recording too.
-fn headers_json(headers: &http::HeaderMap) -> (serde_json::Value, Vec<String>) {
+/// The headers as recorded, with credential headers' values as "redacted"
+/// ([`is_credential_header`](crate::sandbox::redact::is_credential_header): `Authorization`,
+/// cookies, and any named like a credential, as `X-Subject-Token` or `X-API-Key`); and those
+/// (name, value) pairs, to be kept out of the rest of the recording too.
+fn headers_json(headers: &http::HeaderMap) -> (serde_json::Value, Vec<(String, String)>) {
     let mut credentials = Vec::new();
     let pairs: Vec<(String, String)> = headers
         .iter()
@@ -769,8 +761,8 @@ fn headers_json(headers: &http::HeaderMap) -> (serde_json::Value, Vec<String>) {
         .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
         .map(|(k, v)| {
             let text = String::from_utf8_lossy(v.as_bytes()).into_owned();
-            let value = if CREDENTIAL_HEADERS.contains(&k.as_str()) {
-                credentials.push(text);
+            let value = if crate::sandbox::redact::is_credential_header(k.as_str()) {
+                credentials.push((k.as_str().to_string(), text));
                 "redacted".to_string()
             } else {
                 text
@@ -838,7 +830,10 @@ impl Drop for AbortOnDrop {
 }
 
 /// A request as recorded, and the credential header values it carried.
-fn request_json(parts: &http::request::Parts, body: &[u8]) -> (serde_json::Value, Vec<String>) {
+fn request_json(
+    parts: &http::request::Parts,
+    body: &[u8],
+) -> (serde_json::Value, Vec<(String, String)>) {
     let (headers, credentials) = headers_json(&parts.headers);
     let args = serde_json::json!({
         "method": parts.method.as_str(),
@@ -850,7 +845,10 @@ fn request_json(parts: &http::request::Parts, body: &[u8]) -> (serde_json::Value
 }
 
 /// A response as recorded, and the credential header values it carried.
-fn response_json(parts: &http::response::Parts, body: &[u8]) -> (serde_json::Value, Vec<String>) {
+fn response_json(
+    parts: &http::response::Parts,
+    body: &[u8],
+) -> (serde_json::Value, Vec<(String, String)>) {
     let (headers, credentials) = headers_json(&parts.headers);
     let answer = serde_json::json!({
         "status": parts.status.as_u16(),

@@ -670,7 +670,15 @@ fn save_recording(
         .secrets()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    // A recording can be megabytes: searched and written off the async threads.
+    // A recording can be megabytes: searched and written off the async threads, a few at a time
+    // (each holds its recording and a matcher); one that finds them all busy is not written.
+    static REDACTING: AtomicUsize = AtomicUsize::new(0);
+    const MAX_REDACTING: usize = 4;
+    if REDACTING.fetch_add(1, Ordering::AcqRel) >= MAX_REDACTING {
+        REDACTING.fetch_sub(1, Ordering::AcqRel);
+        recorder.refuse(&recording.plugin, &redact::Unsafe::Busy);
+        return;
+    }
     let recorder = recorder.clone();
     tokio::task::spawn_blocking(move || {
         let secrets = secrets.iter().map(|(k, v)| (k.as_str(), v.as_str()));
@@ -678,6 +686,7 @@ fn save_recording(
             Ok(()) => recorder.save(&recording),
             Err(why) => recorder.refuse(&recording.plugin, &why),
         }
+        REDACTING.fetch_sub(1, Ordering::AcqRel);
     });
 }
 

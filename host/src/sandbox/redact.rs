@@ -7,7 +7,7 @@
 //! the exchange (`redacted-credential-N`): it is made from no part of the value, so it gives nothing
 //! away, however short or guessable the value.
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use serde_json::Value;
@@ -18,6 +18,18 @@ pub const MIN_SECRET_CHARS: usize = 4;
 
 /// Most credentials collected from one recording's exchanges; past it the recording is refused.
 pub const MAX_FOUND: usize = 256;
+
+/// Longest credential searched for (a JWT or a cloud session token fits); a longer one refuses the
+/// recording: its forms would make the matcher large, and it cannot be left raw either.
+pub const MAX_CREDENTIAL_BYTES: usize = 8 << 10;
+
+/// Most bytes of patterns (every form of every value) one matcher is built from; past it the
+/// recording is refused. Bounds the matcher's memory (a contiguous NFA, about linear in this).
+const MAX_PATTERN_BYTES: usize = 2 << 20;
+
+/// Most matches one string may hold (overlapping ones counted each); past it the recording is
+/// refused rather than searched without bound.
+const MAX_MATCHES_PER_STRING: usize = 1 << 20;
 
 /// What a replay hands the plugin in place of its secret setting `name`, and what stands for that
 /// value wherever a recording would have held it.
@@ -49,8 +61,12 @@ pub enum Unsafe {
     TooShort,
     #[error("more than {MAX_FOUND} credentials in its HTTP exchanges")]
     TooManyCredentials,
+    #[error("a credential in its HTTP exchanges is longer than {MAX_CREDENTIAL_BYTES} bytes")]
+    CredentialTooLong,
     #[error("its redacted form would exceed the recording's size bound")]
     TooLarge,
+    #[error("recordings are being redacted faster than they are written (some are skipped)")]
+    Busy,
 }
 
 /// The forms of a value that a recording is searched for: the value, its JSON-escaped forms (as
@@ -150,8 +166,9 @@ fn percent(b: &[u8], upper: bool, plus: bool, every: bool) -> String {
 /// Replaces every form of a set of values with their placeholders.
 pub struct Redactor {
     ac: Option<AhoCorasick>,
-    /// The placeholder of each pattern.
-    placeholders: Vec<String>,
+    /// The placeholder of each pattern, and whether it stands for a secret setting (which wins
+    /// over a credential where their matches overlap).
+    placeholders: Vec<(String, bool)>,
     /// Bytes the replacements may add before the recording is refused.
     growth_left: usize,
 }
@@ -165,36 +182,49 @@ impl Redactor {
         found: &[String],
         max_growth: usize,
     ) -> Result<Redactor, Unsafe> {
-        let mut values: Vec<(String, String)> = Vec::new();
+        let mut values: Vec<(String, String, bool)> = Vec::new();
         for (name, value) in secrets {
-            values.push((value.to_string(), secret_placeholder(name)));
+            values.push((value.to_string(), secret_placeholder(name), true));
         }
         for (i, value) in found.iter().enumerate() {
-            if !values.iter().any(|(v, _)| v == value) {
-                values.push((value.clone(), credential_placeholder(i + 1)));
+            if value.len() > MAX_CREDENTIAL_BYTES {
+                return Err(Unsafe::CredentialTooLong);
+            }
+            if !values.iter().any(|(v, _, _)| v == value) {
+                values.push((value.clone(), credential_placeholder(i + 1), false));
             }
         }
-        values.retain(|(v, _)| !v.is_empty());
+        values.retain(|(v, _, _)| !v.is_empty());
         if values
             .iter()
-            .any(|(v, _)| v.chars().count() < MIN_SECRET_CHARS)
+            .any(|(v, _, _)| v.chars().count() < MIN_SECRET_CHARS)
         {
             return Err(Unsafe::TooShort);
         }
         let mut patterns = Vec::new();
         let mut placeholders = Vec::new();
-        for (value, placeholder) in &values {
+        let mut pattern_bytes = 0usize;
+        for (value, placeholder, secret) in &values {
             for f in forms(value) {
+                pattern_bytes += f.len();
+                if pattern_bytes > MAX_PATTERN_BYTES {
+                    return Err(Unsafe::TooLarge);
+                }
                 patterns.push(f);
-                placeholders.push(placeholder.clone());
+                placeholders.push((placeholder.clone(), *secret));
             }
         }
         let ac = if patterns.is_empty() {
             None
         } else {
+            // Every match, overlapping ones included (scrub merges them): with leftmost matching
+            // a planted credential that starts just before a secret would hide its first bytes
+            // and leave the rest unmatched. A contiguous NFA: memory about linear in the patterns,
+            // never the DFA's states × alphabet.
             Some(
                 AhoCorasick::builder()
-                    .match_kind(MatchKind::LeftmostLongest)
+                    .match_kind(MatchKind::Standard)
+                    .kind(Some(AhoCorasickKind::ContiguousNFA))
                     .build(&patterns)
                     .map_err(|_| Unsafe::TooLarge)?,
             )
@@ -206,7 +236,9 @@ impl Redactor {
         })
     }
 
-    /// The string with every form replaced, or `None` when there was none.
+    /// The string with every form replaced, or `None` when there was none. Overlapping matches
+    /// are merged into one span, replaced by one placeholder (a secret's, if any
+    /// of them is a secret's), so no match can shield part of another.
     pub fn scrub(&mut self, s: &str) -> Result<Option<String>, Unsafe> {
         let Some(ac) = &self.ac else {
             return Ok(None);
@@ -214,25 +246,49 @@ impl Redactor {
         if !ac.is_match(s) {
             return Ok(None);
         }
-        let mut out = String::with_capacity(s.len());
-        let mut over = false;
-        let placeholders = &self.placeholders;
-        let growth_left = &mut self.growth_left;
-        ac.replace_all_with(s, &mut out, |m, found, dst| {
-            let placeholder = &placeholders[m.pattern().as_usize()];
-            let grows = placeholder.len().saturating_sub(found.len());
-            if grows > *growth_left {
-                // Stopping leaves the rest of the text as it was: the result is dropped.
-                over = true;
-                return false;
+        let mut matches: Vec<(usize, usize, usize)> = Vec::new();
+        let iter = ac
+            .try_find_overlapping_iter(s)
+            .map_err(|_| Unsafe::TooLarge)?;
+        for m in iter {
+            if matches.len() >= MAX_MATCHES_PER_STRING {
+                return Err(Unsafe::TooLarge);
             }
-            *growth_left -= grows;
-            dst.push_str(placeholder);
-            true
-        });
-        if over {
-            return Err(Unsafe::TooLarge);
+            matches.push((m.start(), m.end(), m.pattern().as_usize()));
         }
+        matches.sort_unstable();
+        // Merged spans: (start, end, placeholder index).
+        let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+        for (start, end, p) in matches {
+            match spans.last_mut() {
+                Some(last) if start < last.1 => {
+                    last.1 = last.1.max(end);
+                    if self.placeholders[p].1 && !self.placeholders[last.2].1 {
+                        last.2 = p;
+                    }
+                }
+                _ => spans.push((start, end, p)),
+            }
+        }
+        let mut out = String::with_capacity(s.len());
+        let mut at = 0;
+        for (start, end, p) in spans {
+            let placeholder = &self.placeholders[p].0;
+            let grows = placeholder.len().saturating_sub(end - start);
+            if grows > self.growth_left {
+                return Err(Unsafe::TooLarge);
+            }
+            self.growth_left -= grows;
+            // Match bounds are byte offsets of whole patterns; a span may still split a
+            // character where patterns of different values meet: never slice inside one.
+            let (Some(before), Some(_)) = (s.get(at..start), s.get(start..end)) else {
+                return Err(Unsafe::TooLarge);
+            };
+            out.push_str(before);
+            out.push_str(placeholder);
+            at = end;
+        }
+        out.push_str(s.get(at..).unwrap_or_default());
         Ok(Some(out))
     }
 
@@ -298,6 +354,16 @@ pub struct Credentials {
     pub too_many: bool,
 }
 
+/// Headers whose values are credentials, besides any named like one ([`is_credential_name`]:
+/// `X-Vault-Token`, `X-API-Key`, `PRIVATE-TOKEN`, ...).
+pub fn is_credential_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
+    ) || is_credential_name(&n)
+}
+
 impl Credentials {
     fn add(&mut self, value: &str) {
         let value = value.trim();
@@ -311,11 +377,24 @@ impl Credentials {
         self.found.push(value.to_string());
     }
 
-    /// The value of a credential header (`Authorization: Basic …`, `X-Subject-Token`, a cookie):
-    /// the whole value, the part after its scheme, and for Basic the decoded user:password and the
-    /// password alone.
-    pub fn header(&mut self, value: &str) {
+    /// The value of credential header `name` (`Authorization: Basic …`, `X-Subject-Token`, a
+    /// cookie): the whole value; for authorization headers the part after the scheme, and for
+    /// Basic the decoded user:password and the password alone; for `Cookie` each pair's value, for
+    /// `Set-Cookie` its first pair's (the rest are attributes: `Path=/`, `SameSite=Lax`).
+    pub fn header(&mut self, name: &str, value: &str) {
         self.add(value);
+        let name = name.to_ascii_lowercase();
+        if name == "cookie" || name == "set-cookie" {
+            for pair in value.split(';') {
+                if let Some((_, v)) = pair.split_once('=') {
+                    self.add(v);
+                }
+                if name == "set-cookie" {
+                    break;
+                }
+            }
+            return;
+        }
         if let Some((scheme, rest)) = value.trim().split_once(' ') {
             self.add(rest);
             if scheme.eq_ignore_ascii_case("basic")
@@ -326,12 +405,6 @@ impl Credentials {
                 if let Some((_, password)) = text.split_once(':') {
                     self.add(password);
                 }
-            }
-        }
-        // Cookies: each name=value pair's value.
-        for pair in value.split(';') {
-            if let Some((_, v)) = pair.split_once('=') {
-                self.add(v);
             }
         }
     }
@@ -543,7 +616,7 @@ mod tests {
         c.text(r#"{"token": {"methods": ["password"], "id": "abcd"}, "access_token": "at-1", "nested": [{"password": "pw-2"}]}"#);
         c.text("grant_type=refresh_token&refresh_token=rt%2B3&scope=a+b");
         c.text("/v3/auth?api_key=k-4&x=1");
-        c.header("Basic dXNlcjpwdy01");
+        c.header("Authorization", "Basic dXNlcjpwdy01");
         assert_eq!(
             c.found,
             [
@@ -556,6 +629,82 @@ mod tests {
                 "user:pw-5",
                 "pw-5"
             ]
+        );
+    }
+
+    #[test]
+    fn header_values_yield_credentials_and_never_their_syntax() {
+        let mut c = Credentials::default();
+        // Padding is base64, not a cookie: "=" is no credential (it would refuse the recording).
+        c.header("authorization", "Basic dXNlcjpwYXNzd29yZA==");
+        c.header(
+            "set-cookie",
+            "sid=abcdef123; Path=/; SameSite=Lax; Domain=example.com",
+        );
+        c.header("cookie", "a=first-value; b=second-value");
+        for junk in ["=", "/", "Lax", "example.com", "="] {
+            assert!(!c.found.iter().any(|f| f == junk), "{junk}: {:?}", c.found);
+        }
+        for want in [
+            "user:password",
+            "password",
+            "abcdef123",
+            "first-value",
+            "second-value",
+        ] {
+            assert!(c.found.iter().any(|f| f == want), "{want}: {:?}", c.found);
+        }
+        for h in [
+            "X-Vault-Token",
+            "x-api-key",
+            "PRIVATE-TOKEN",
+            "X-Amz-Security-Token",
+            "Cookie",
+        ] {
+            assert!(is_credential_header(h), "{h}");
+        }
+        assert!(!is_credential_header("content-type"));
+    }
+
+    #[test]
+    fn a_planted_credential_overlapping_a_secret_does_not_shield_any_of_it() {
+        // Someone who can put credential-named fields in what the plugin reads plants "context +
+        // a guessed first character": with leftmost matching it would take the secret's first
+        // character and leave the rest of it unmatched.
+        let secret = "pa\"ss\\word42";
+        let body = format!(
+            r#"{{"auth":{{"password":"{}"}}}}"#,
+            json_escaped(secret, false)
+        );
+        let planted: Vec<String> = ["d\":\"p", "d\":\"q", "\":\"pa"]
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        let mut r = Redactor::new([("pw", secret)].into_iter(), &planted, 1 << 20).expect("safe");
+        let out = r.scrub(&body).expect("bounded").expect("matched");
+        for part in ["word42", "\\\"ss", "a\\"] {
+            assert!(!out.contains(part), "{part} left in {out}");
+        }
+        assert!(
+            out.contains("redacted-secret-pw"),
+            "the secret's placeholder wins: {out}"
+        );
+    }
+
+    #[test]
+    fn a_credential_too_long_to_search_refuses_the_recording() {
+        let long = "t".repeat(MAX_CREDENTIAL_BYTES + 1);
+        assert_eq!(
+            Redactor::new(std::iter::empty(), &[long], 1 << 20).err(),
+            Some(Unsafe::CredentialTooLong)
+        );
+        // Many long-but-allowed credentials: refused by the pattern bound, not built.
+        let many: Vec<String> = (0..256)
+            .map(|i| format!("{i:04}{}", "x".repeat(MAX_CREDENTIAL_BYTES - 8)))
+            .collect();
+        assert_eq!(
+            Redactor::new(std::iter::empty(), &many, 1 << 20).err(),
+            Some(Unsafe::TooLarge)
         );
     }
 }

@@ -326,10 +326,10 @@ impl Tape {
         }
     }
 
-    /// Recording: the value of a credential header, kept out of the file wherever it occurs.
-    pub fn credential_header(&mut self, value: &str) {
+    /// Recording: the value of credential header `name`, kept out of the file wherever it occurs.
+    pub fn credential_header(&mut self, name: &str, value: &str) {
         if let Tape::Recording(t) = self {
-            t.credentials.header(value);
+            t.credentials.header(name, value);
         }
     }
 
@@ -630,7 +630,7 @@ mod tests {
     fn credentials_in_http_exchanges_are_replaced_everywhere() {
         let token = "gAAAAABtokenTOKENtoken0123456789";
         let mut creds = Credentials::default();
-        creds.header(token);
+        creds.header("x-subject-token", token);
         let mut rec = recording(
             "{}",
             vec![Exchange {
