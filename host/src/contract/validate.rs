@@ -179,13 +179,15 @@ pub fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// A guest's log text made safe for one log line: control characters (newlines included) escaped,
+/// A guest's log text made safe for one log line: control characters (newlines included), line and
+/// paragraph separators and bidirectional overrides (which reorder what a terminal shows) escaped,
 /// at most `max` bytes kept.
 pub fn log_text(s: &str, max: usize) -> String {
     let cut = truncate(s, max);
     let mut out = String::with_capacity(cut.len());
     for c in cut.chars() {
-        if c.is_control() {
+        let bidi = matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
+        if c.is_control() || bidi {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -413,6 +415,11 @@ mod tests {
     #[test]
     fn log_text_escapes_newlines_and_cuts_long_text() {
         assert_eq!(log_text("a\nb\tc", 100), "a\\nb\\tc");
+        // A right-to-left override or a line separator would change what a terminal shows.
+        assert_eq!(
+            log_text("ok\u{202E}gnp.exe\u{2028}x", 100),
+            "ok\\u{202e}gnp.exe\\u{2028}x"
+        );
         let long = "x".repeat(10_000);
         let out = log_text(&long, 100);
         assert!(out.len() < 120 && out.ends_with("[truncated]"), "{out}");

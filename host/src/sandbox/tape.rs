@@ -472,6 +472,15 @@ impl Recording {
         {
             *o = clean;
         }
+        // The key too (a plugin can name an object after a secret): it also names the file.
+        if let Some(clean) = r.scrub(&self.request.name)? {
+            self.request.name = clean;
+        }
+        if let Some(ns) = self.request.namespace.as_mut()
+            && let Some(clean) = r.scrub(ns)?
+        {
+            *ns = clean;
+        }
         for call in self.calls.iter_mut().chain(self.http.iter_mut()) {
             r.scrub_value(&mut call.args)?;
             r.scrub_value(&mut call.answer)?;

@@ -161,8 +161,10 @@ async fn plugins_status(State(s): State<HttpState>) -> String {
                 reason,
                 message,
             } => format!(
-                "{file}.wasm\twaiting\t{plugin}\t{}: {message}\n",
-                reason.as_str()
+                "{file}.wasm\twaiting\t{plugin}\t{}: {}\n",
+                reason.as_str(),
+                // API-server and client texts: one line, whatever they hold.
+                crate::contract::validate::log_text(&message, 4096)
             ),
             FileStatus::Refused { error } => format!("{file}.wasm\trefused\t{error}\n"),
         };
