@@ -19,6 +19,7 @@ use crate::contract::{KindKey, KindRef, ObjectKey};
 use crate::engine::cache::ObjectStore;
 use crate::engine::rate_limit::TokenBucket;
 use crate::metrics::Metrics;
+use crate::sandbox::PluginShare;
 use crate::sandbox::http::HostRule;
 use crate::sandbox::tape::Recorder;
 
@@ -238,6 +239,9 @@ pub struct Services {
     pub(crate) protected_ips: Arc<[IpAddr]>,
     /// Where this plugin's reconciles are recorded (`--record-dir`), if anywhere.
     pub(crate) recorder: Option<Arc<Recorder>>,
+    /// The instance slot reserved for this loaded version (`sandbox/pool.rs`); none while it is
+    /// being described (`describe` has slots of its own).
+    pub(crate) share: Option<PluginShare>,
 }
 
 impl Services {
@@ -254,6 +258,7 @@ impl Services {
             allowed_hosts: Arc::from(Vec::new()),
             protected_ips: Arc::from(Vec::new()),
             recorder: None,
+            share: None,
         }
     }
 
@@ -273,7 +278,15 @@ impl Services {
             allowed_hosts: allowed_hosts.into(),
             protected_ips: protected_ips.into(),
             recorder: None,
+            share: None,
         }
+    }
+
+    /// Gives this version the instance slot reserved for it: its first instance never waits for
+    /// the other plugins' (held until the version and its last instance are gone).
+    pub fn with_share(mut self, share: PluginShare) -> Self {
+        self.share = Some(share);
+        self
     }
 
     /// Records this plugin's reconciles with `recorder`.
@@ -301,7 +314,8 @@ impl Services {
             .flat_map(|r| r.secrets.values().map(String::as_str))
     }
 
-    /// A slot for one instance of this plugin; waits while the plugin has its maximum alive.
+    /// A place in this plugin's instance budget (`max_instances`); waits while the plugin has its
+    /// maximum alive. The pool's slot is taken after it (`sandbox/pool.rs`).
     pub async fn instance_permit(&self) -> Option<OwnedSemaphorePermit> {
         self.budgets.instances.clone().acquire_owned().await.ok()
     }

@@ -704,6 +704,7 @@ pub fn failure_reason(e: &CallError) -> &'static str {
         CallError::Limit(_) => "limit",
         CallError::Instantiate(_) => "instantiate",
         CallError::WallTimeout(_) => "timeout",
+        CallError::PoolFull(_) => "pool_full",
     }
 }
 
