@@ -380,8 +380,14 @@ impl PluginManager {
         serde_json::json!({
             "leading": self.parts.election.leads_any(),
             "leaderElection": self.parts.election.mode(),
+            "instancePool": self.instance_pool(),
             "plugins": files,
         })
+    }
+
+    /// How the instance pool is shared out now (`sandbox/pool.rs`).
+    pub fn instance_pool(&self) -> crate::sandbox::PoolUse {
+        self.parts.runtime.pool().usage()
     }
 
     /// Whether an election is held (so a plugin without a leader is worth saying so).

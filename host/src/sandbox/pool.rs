@@ -14,10 +14,13 @@
 //!   takes its own slot, further ones (up to its `max_instances`, a semaphore of its own) come
 //!   from the shared part. So a plugin whose instances sleep up to their wall timeout can hold the
 //!   shared part, but never another plugin's own slot, nor `describe`'s.
+//! - **Room for the next plugin.** The last [`spare_slots`] of the shared part are not handed out
+//!   as shared slots: a plugin loaded while the rest is all in use gets its first instance at once.
 //! - **Waiting.** A call that finds no slot waits for one (its caller bounds the wait); it never
-//!   fails the file. A reservation shrinks the shared part at once, even while it is all in use:
-//!   the shared slots then freed go to the plugins' own slots first, so a plugin loaded while the
-//!   shared part is full waits for its first instance at most until one shared instance ends.
+//!   fails the file. A reservation shrinks the shared part at once, even while it is all in use
+//!   (more plugins loaded at once than there are spare slots): the shared slots then freed go to
+//!   the plugins' own slots first, so such a plugin waits for its first instance at most until one
+//!   shared instance ends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,6 +39,14 @@ pub const DESCRIBE_SLOTS: u32 = 2;
 /// Slots kept for `describe` out of `total`: two, but never more than half the pool.
 pub fn describe_slots(total: u32) -> u32 {
     (total / 2).min(DESCRIBE_SLOTS)
+}
+
+/// Spare slots of the shared part kept free for plugins about to load: two, at most a quarter.
+pub const SPARE_SLOTS: u32 = 2;
+
+/// The spare slots of a shared part of `shared` slots.
+pub fn spare_slots(shared: u32) -> u32 {
+    (shared / 4).min(SPARE_SLOTS)
 }
 
 /// A compile error made clear when it is a per-component cap: the component is refused until the
@@ -74,6 +85,7 @@ struct State {
 
 /// How the pool is used now (for `/debug/controllers` and the tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PoolUse {
     pub total: u32,
     pub describe_slots: u32,
@@ -82,6 +94,8 @@ pub struct PoolUse {
     pub own_in_use: u32,
     /// The shared part: what is neither `describe`'s nor a plugin's own.
     pub shared: u32,
+    /// Of the shared part, kept free for plugins about to load.
+    pub spare: u32,
     pub shared_in_use: u32,
     pub describing: u32,
 }
@@ -206,7 +220,8 @@ impl InstancePool {
             }
             _ => {}
         }
-        if room && s.shared < self.shared_size(&s) {
+        let shared = self.shared_size(&s);
+        if room && s.shared < shared - spare_slots(shared) {
             s.shared += 1;
             return Some(Source::Shared);
         }
@@ -222,6 +237,7 @@ impl InstancePool {
             reserved: s.reserved,
             own_in_use: s.own,
             shared: self.shared_size(&s),
+            spare: spare_slots(self.shared_size(&s)),
             shared_in_use: s.shared,
             describing: s.describing,
         }
@@ -244,9 +260,10 @@ mod tests {
         let pool = InstancePool::new(8);
         let hog = pool.reserve().expect("reserve");
         let honest = pool.reserve().expect("reserve");
-        // 8 = 2 for describe + 2 own + 4 shared: the hog takes its own and the whole shared part.
+        // 8 = 2 for describe + 2 own + 4 shared (1 of them spare): the hog takes its own and
+        // every shared slot it may.
         let mut held = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..4 {
             held.push(within(&pool, Some(&hog)).await.expect("a slot for the hog"));
         }
         assert!(
@@ -278,7 +295,7 @@ mod tests {
         let pool = InstancePool::new(6);
         let hog = pool.reserve().expect("reserve");
         let mut held = Vec::new();
-        // 6 = 2 describe + 1 own + 3 shared.
+        // 6 = 2 describe + 1 own + 3 shared (none spare: a quarter of 3 is 0).
         for _ in 0..4 {
             held.push(within(&pool, Some(&hog)).await.expect("slot"));
         }
@@ -313,6 +330,27 @@ mod tests {
             .expect("the newcomer got a slot")
             .expect("task");
         drop(late);
+    }
+
+    #[tokio::test]
+    async fn a_plugin_loaded_while_two_hogs_hold_all_they_may_gets_its_first_instance_at_once() {
+        let pool = InstancePool::new(16);
+        let hogs = [pool.reserve().expect("a"), pool.reserve().expect("b")];
+        // 16 = 2 describe + 2 own + 12 shared, 2 of them spare.
+        let mut held = Vec::new();
+        for hog in &hogs {
+            while let Some(slot) = within(&pool, Some(hog)).await {
+                held.push(slot);
+            }
+        }
+        assert_eq!(held.len(), 12, "{:?}", pool.usage());
+        let newcomer = pool.reserve().expect("reserve");
+        let first = within(&pool, Some(&newcomer)).await;
+        assert!(first.is_some(), "{:?}", pool.usage());
+        // The hogs get nothing more, however long they wait.
+        for hog in &hogs {
+            assert!(within(&pool, Some(hog)).await.is_none());
+        }
     }
 
     #[tokio::test]
