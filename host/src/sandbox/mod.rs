@@ -484,8 +484,8 @@ impl Runtime {
         tokio::time::timeout(wait, take).await.map_err(|_| {
             let u = self.pool.usage();
             CallError::PoolFull(format!(
-                "waited {wait:?} for an instance slot (the plugin's own and the shared ones in use: {} of {} shared; --max-instances {}, --max-instances-per-plugin)",
-                u.shared_in_use, u.shared, u.total
+                "waited {wait:?} for an instance slot: the plugin has its max_instances alive, or the pool has none for it (--max-instances {}: {} of {} shared slots in use, {} of {} describe's)",
+                u.total, u.shared_in_use, u.shared, u.describing, u.describe_slots
             ))
         })
     }
@@ -507,7 +507,7 @@ impl Runtime {
             Some(w) => w,
             None => {
                 let started = Instant::now();
-                let (permit, slot) = self.take_slot(&services, limits.wall_timeout).await?;
+                let (permit, pool_slot) = self.take_slot(&services, limits.wall_timeout).await?;
                 let wall = limits.wall_timeout.saturating_sub(started.elapsed());
                 let mut store = self.new_store(services.clone(), limits);
                 if let Some(m) = services.metrics() {
@@ -540,7 +540,7 @@ impl Runtime {
                     plugin,
                     calls: 0,
                     _permit: permit,
-                    _slot: slot,
+                    _slot: pool_slot,
                 }
             }
         };
