@@ -242,6 +242,8 @@ pub struct Services {
     /// The instance slot reserved for this loaded version (`sandbox/pool.rs`); none while it is
     /// being described (`describe` has slots of its own).
     pub(crate) share: Option<PluginShare>,
+    /// Set when this version is stopped or replaced: its calls waiting for an instance slot give up.
+    retired: (std::sync::atomic::AtomicBool, tokio::sync::Notify),
 }
 
 impl Services {
@@ -259,6 +261,7 @@ impl Services {
             protected_ips: Arc::from(Vec::new()),
             recorder: None,
             share: None,
+            retired: Default::default(),
         }
     }
 
@@ -279,6 +282,27 @@ impl Services {
             protected_ips: protected_ips.into(),
             recorder: None,
             share: None,
+            retired: Default::default(),
+        }
+    }
+
+    /// Marks this version as stopped or replaced: its calls waiting for an instance slot give up
+    /// (calls that run are not touched).
+    pub fn retire(&self) {
+        self.retired.0.store(true, Ordering::Release);
+        self.retired.1.notify_waiters();
+    }
+
+    /// Returns once this version is retired.
+    pub async fn retired(&self) {
+        loop {
+            let notified = self.retired.1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.retired.0.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
         }
     }
 

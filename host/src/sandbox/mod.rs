@@ -481,13 +481,19 @@ impl Runtime {
             let slot = self.pool.slot(services.share.as_ref()).await;
             (permit, slot)
         };
-        tokio::time::timeout(wait, take).await.map_err(|_| {
-            let u = self.pool.usage();
-            CallError::PoolFull(format!(
-                "waited {wait:?} for an instance slot: the plugin has its max_instances alive, or the pool has none for it (--max-instances {}: {} of {} shared slots in use, {} of {} describe's)",
-                u.total, u.shared_in_use, u.shared, u.describing, u.describe_slots
-            ))
-        })
+        tokio::select! {
+            taken = tokio::time::timeout(wait, take) => taken.map_err(|_| {
+                let u = self.pool.usage();
+                CallError::PoolFull(format!(
+                    "waited {wait:?} for an instance slot: the plugin has its max_instances alive, or the pool has none for it (--max-instances {}: {} of {} shared slots in use, {} of {} describe's)",
+                    u.total, u.shared_in_use, u.shared, u.describing, u.describe_slots
+                ))
+            }),
+            // A stop or a swap does not wait for calls that have not started.
+            () = services.retired() => Err(CallError::PoolFull(
+                "the plugin version was stopped or replaced while the call waited for an instance slot".into(),
+            )),
+        }
     }
 
     /// Calls `reconcile` in the worker's warm instance, making one if there is none (opt-in
