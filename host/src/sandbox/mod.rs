@@ -449,6 +449,12 @@ impl Runtime {
         let result = tokio::time::timeout(
             wall,
             clock.meter(async {
+                // Tests make wasmtime's pool look exhausted here, as another host's plugins could.
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("instantiate-pool-exhausted", |_| Err(CallError::PoolFull(
+                    "maximum concurrent limit of 1 for component instances reached (injected)"
+                        .into()
+                )));
                 let plugin = compiled
                     .pre
                     .instantiate_async(&mut store)
