@@ -272,7 +272,11 @@ struct RunArgs {
     /// Linear memory per plugin instance, MiB (NAME.toml: memory_mb).
     #[arg(long, env = "WCM_MEMORY_MB", default_value_t = 64)]
     memory_mb: u32,
-    /// Instances alive at once across all plugins (size of the instance pool).
+    /// Component instances alive at once across all plugins (the instance pool). Two are kept
+    /// for describing new files, one for each loaded plugin (its first instance), and the rest
+    /// are shared, each plugin taking at most --max-instances-per-plugin; at most this minus 2
+    /// plugins run at once (the others wait, reason instance_pool). A plugin component may hold
+    /// at most 32 core instances, 2 memories and 16 tables.
     #[arg(long, env = "WCM_MAX_INSTANCES", default_value_t = 128)]
     max_instances: u32,
     /// Largest plugin file accepted, bytes.
@@ -328,7 +332,8 @@ struct RunArgs {
     /// "memset" writes back the first 2 MiB whole.
     #[arg(long, env = "WCM_MEMORY_RESET", value_enum, default_value_t = MemoryReset::Auto)]
     memory_reset: MemoryReset,
-    /// Most instances of one plugin alive at once, warm ones included (NAME.toml: max_instances).
+    /// Most instances of one plugin alive at once, warm ones included (NAME.toml: max_instances):
+    /// its own slot of --max-instances, then shared ones while any is free.
     #[arg(long, env = "WCM_MAX_INSTANCES_PER_PLUGIN", default_value_t = 16)]
     max_instances_per_plugin: u32,
     /// Most list+watch streams one plugin may need: its distinct (kind, namespace, label

@@ -19,6 +19,7 @@ use crate::contract::{KindKey, KindRef, ObjectKey};
 use crate::engine::cache::ObjectStore;
 use crate::engine::rate_limit::TokenBucket;
 use crate::metrics::Metrics;
+use crate::sandbox::PluginShare;
 use crate::sandbox::http::HostRule;
 use crate::sandbox::tape::Recorder;
 
@@ -242,6 +243,11 @@ pub struct Services {
     pub(crate) protected_ips: Arc<[IpAddr]>,
     /// Where this plugin's reconciles are recorded (`--record-dir`), if anywhere.
     pub(crate) recorder: Option<Arc<Recorder>>,
+    /// The instance slot reserved for this loaded version (`sandbox/pool.rs`); none while it is
+    /// being described (`describe` has slots of its own).
+    pub(crate) share: Option<PluginShare>,
+    /// Set when this version is stopped or replaced: its calls waiting for an instance slot give up.
+    retired: (std::sync::atomic::AtomicBool, tokio::sync::Notify),
 }
 
 impl Services {
@@ -258,6 +264,8 @@ impl Services {
             allowed_hosts: Arc::from(Vec::new()),
             protected_ips: Arc::from(Vec::new()),
             recorder: None,
+            share: None,
+            retired: Default::default(),
         }
     }
 
@@ -277,7 +285,36 @@ impl Services {
             allowed_hosts: allowed_hosts.into(),
             protected_ips: protected_ips.into(),
             recorder: None,
+            share: None,
+            retired: Default::default(),
         }
+    }
+
+    /// Marks this version as stopped or replaced: its calls waiting for an instance slot give up
+    /// (calls that run are not touched).
+    pub fn retire(&self) {
+        self.retired.0.store(true, Ordering::Release);
+        self.retired.1.notify_waiters();
+    }
+
+    /// Returns once this version is retired.
+    pub async fn retired(&self) {
+        loop {
+            let notified = self.retired.1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.retired.0.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Gives this version the instance slot reserved for it: its first instance never waits for
+    /// the other plugins' (held until the version and its last instance are gone).
+    pub fn with_share(mut self, share: PluginShare) -> Self {
+        self.share = Some(share);
+        self
     }
 
     /// Records this plugin's reconciles with `recorder`.
@@ -312,7 +349,8 @@ impl Services {
             .flat_map(|r| r.secrets.values().map(String::as_str))
     }
 
-    /// A slot for one instance of this plugin; waits while the plugin has its maximum alive.
+    /// A place in this plugin's instance budget (`max_instances`); waits while the plugin has its
+    /// maximum alive. The pool's slot is taken after it (`sandbox/pool.rs`).
     pub async fn instance_permit(&self) -> Option<OwnedSemaphorePermit> {
         self.budgets.instances.clone().acquire_owned().await.ok()
     }

@@ -355,6 +355,9 @@ impl Controller {
     /// Then every key is reconciled again by the new version: a key that failed (terminally) with
     /// the old code or settings gets its chance with the new ones, as after a restart.
     pub async fn swap(&self, new: Version) {
+        // A call still waiting for an instance slot gives up (the key is reconciled again below),
+        // so the swap waits only for calls that run.
+        self.version().await.services.retire();
         let mut guard = self.version.write().await;
         *guard = Arc::new(new);
         drop(guard);
@@ -404,6 +407,8 @@ impl Controller {
     /// Stops taking keys, waits for in-flight reconciles, and releases the informers.
     pub async fn stop(self) {
         self.queue.shut_down();
+        // A call still waiting for an instance slot gives up: the stop waits only for calls that run.
+        self.version().await.services.retire();
         // Triggers and resync first, so nothing new arrives; workers end when the queue is empty.
         let _write = self.version.write().await;
         for t in &self.tasks {
@@ -710,6 +715,7 @@ pub fn failure_reason(e: &CallError) -> &'static str {
         CallError::Limit(_) => "limit",
         CallError::Instantiate(_) => "instantiate",
         CallError::WallTimeout(_) => "timeout",
+        CallError::PoolFull(_) => "pool_full",
     }
 }
 

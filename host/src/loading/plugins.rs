@@ -44,7 +44,7 @@ use crate::loading::files;
 use crate::loading::settings::{ControllerSelection, PluginSettings, SecretRef};
 use crate::sandbox::http::effective_hosts;
 use crate::sandbox::tape::Recorder;
-use crate::sandbox::{Compiled, Limits};
+use crate::sandbox::{CallError, Compiled, Limits};
 
 /// Limits on what the directory may hold, and what every plugin gets by default.
 #[derive(Debug, Clone)]
@@ -119,14 +119,17 @@ pub enum WaitReason {
     Unreachable,
     /// Another file runs a plugin of the same name.
     NameTaken,
+    /// No instance slot for `describe`, or none left to reserve for it (`sandbox/pool.rs`).
+    InstancePool,
 }
 
 impl WaitReason {
-    pub const ALL: [WaitReason; 4] = [
+    pub const ALL: [WaitReason; 5] = [
         WaitReason::Forbidden,
         WaitReason::NotServed,
         WaitReason::Unreachable,
         WaitReason::NameTaken,
+        WaitReason::InstancePool,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -135,6 +138,7 @@ impl WaitReason {
             WaitReason::NotServed => "not_served",
             WaitReason::Unreachable => "unreachable",
             WaitReason::NameTaken => "name_taken",
+            WaitReason::InstancePool => "instance_pool",
         }
     }
 
@@ -376,8 +380,14 @@ impl PluginManager {
         serde_json::json!({
             "leading": self.parts.election.leads_any(),
             "leaderElection": self.parts.election.mode(),
+            "instancePool": self.instance_pool(),
             "plugins": files,
         })
+    }
+
+    /// How the instance pool is shared out now (`sandbox/pool.rs`).
+    pub fn instance_pool(&self) -> crate::sandbox::PoolUse {
+        self.parts.runtime.pool().usage()
     }
 
     /// Whether an election is held (so a plugin without a leader is worth saying so).
@@ -747,7 +757,16 @@ impl PluginManager {
             .await
             .map_err(|e| {
                 let why = crate::contract::validate::log_text(&e.to_string(), 4096);
-                anyhow::anyhow!("describe failed: {why}")
+                match e {
+                    // The pool is in use now, which says nothing about the file: it waits and
+                    // is described again.
+                    CallError::PoolFull(_) => LoadError::Waiting {
+                        plugin: stem.to_string(),
+                        reason: WaitReason::InstancePool,
+                        message: format!("describe waits for an instance slot: {why}"),
+                    },
+                    _ => anyhow::anyhow!("describe failed: {why}").into(),
+                }
             })?;
         if let Some(name) = &settings.name {
             description.name = name.clone();
@@ -895,6 +914,22 @@ impl PluginManager {
             .or(description.resync_seconds)
             .map(|s| Duration::from_secs(u64::from(s)));
 
+        // A slot of the instance pool of its own, so its first instance never waits for the other
+        // plugins'; taken before the running version is touched, so without one the running
+        // version keeps running and this one waits.
+        let selected = self.settings.controllers.enables(&name);
+        let share = if settings.enabled() && selected {
+            Some(
+                self.parts
+                    .runtime
+                    .pool()
+                    .reserve()
+                    .map_err(|m| waiting(WaitReason::InstancePool, m))?,
+            )
+        } else {
+            None
+        };
+
         // Nothing below holds `running` while it waits (a stop drains in-flight reconciles, a start
         // waits for caches): status and the other plugins stay answerable.
         let previous = self.running.lock().await.remove(stem);
@@ -912,8 +947,7 @@ impl PluginManager {
             tracing::info!(plugin = %name, "outbound hosts: {n}");
         }
         let protected_ips = api_server_ips(&self.kube_config).await;
-        let selected = self.settings.controllers.enables(&name);
-        if !settings.enabled() || !selected {
+        let Some(share) = share else {
             if let Some(p) = previous {
                 self.stop_running(p).await;
             }
@@ -936,7 +970,7 @@ impl PluginManager {
                 },
             );
             return Ok(());
-        }
+        };
         let mut previous = previous.and_then(|p| p.controller);
         let same_shape = match &previous {
             Some(c) => c.name == name && c.fits(&keys, workers, &description, resync).await,
@@ -985,7 +1019,8 @@ impl PluginManager {
                 allowed_hosts,
                 protected_ips,
             )
-            .with_recorder(self.settings.recorder.clone()),
+            .with_recorder(self.settings.recorder.clone())
+            .with_share(share),
         );
         let sha = compiled.sha256.clone();
         let contract = compiled.contract_version();

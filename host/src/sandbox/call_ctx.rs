@@ -363,16 +363,18 @@ impl ResourceLimiter for InstanceLimiter {
         )
     }
 
+    // The per-component caps (`pool.rs`): the pooling allocator already refuses a component over
+    // them when it is compiled; the store's own count is the same bound, for what it instantiates.
     fn instances(&self) -> usize {
-        64
+        super::pool::MAX_CORE_INSTANCES as usize
     }
 
     fn tables(&self) -> usize {
-        64
+        super::pool::MAX_TABLES as usize
     }
 
     fn memories(&self) -> usize {
-        4
+        super::pool::MAX_MEMORIES as usize
     }
 }
 

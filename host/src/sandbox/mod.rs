@@ -11,6 +11,7 @@ mod guest_clock;
 mod host_calls;
 mod host_calls_v0_1;
 pub mod http;
+pub mod pool;
 pub mod recorder;
 pub mod redact;
 pub mod tape;
@@ -30,6 +31,7 @@ use wasmtime::{
 use crate::contract::{self as bindings, Action, Description, ReconcileError, Request};
 pub use call_ctx::{CallCtx, Limits};
 pub use compile_cache::sha256_hex;
+pub use pool::{InstancePool, InstanceSlot, PluginShare, PoolUse};
 use tape::{Tape, Tapes};
 
 use crate::cluster::services::Services;
@@ -37,12 +39,16 @@ use crate::cluster::services::Services;
 /// How often the epoch ticks; CPU deadlines are counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
+/// The longest `describe` waits for an instance slot; past it the file waits and is tried again.
+const DESCRIBE_SLOT_WAIT: Duration = Duration::from_secs(2);
+
 /// Engine-wide settings.
 #[derive(Debug, Clone)]
 pub struct RuntimeSettings {
     /// Where precompiled components are kept (`None`: compile every time).
     pub compile_cache: Option<PathBuf>,
-    /// Instances that may exist at once across all plugins (the pooling allocator's size).
+    /// Component instances that may exist at once across all plugins (the pooling allocator's
+    /// size; shared out by `pool::InstancePool`).
     pub max_instances: u32,
     /// The largest linear memory any plugin may be given.
     pub max_memory: usize,
@@ -132,6 +138,8 @@ pub struct Runtime {
     ticker: Arc<Ticker>,
     /// Whether pooled memories are reset by scanning for written pages (else: memset).
     pagemap_reset: Result<(), String>,
+    /// Who may hold which of the pool's component-instance slots.
+    pool: Arc<InstancePool>,
 }
 
 /// A compiled plugin, ready to instantiate.
@@ -165,6 +173,10 @@ pub enum CallError {
     Limit(String),
     #[error("could not instantiate: {0}")]
     Instantiate(String),
+    /// No instance slot was free in time (the pool is shared out by `pool.rs`), or wasmtime's
+    /// pool was exhausted: the call is tried again, never a fault of the file.
+    #[error("no instance slot free: {0}")]
+    PoolFull(String),
     #[error("call took longer than {0:?} (host calls included)")]
     WallTimeout(Duration),
 }
@@ -174,14 +186,19 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        // One slot per concurrently live instance. A Rust component has a handful of core instances
-        // and tables; size those generously so only component instances bound the pool.
+        // One slot per concurrently live component instance, and for each slot room for a
+        // component of the largest size allowed (pool.rs): only component-instance slots are
+        // ever scarce, and those are shared out by `InstancePool`. A component over the
+        // per-component caps is refused when compiled.
         let n = settings.max_instances.max(1);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(n)
-            .total_core_instances(n * 8)
-            .total_memories(n * 2)
-            .total_tables(n * 8)
+            .total_core_instances(n.saturating_mul(pool::MAX_CORE_INSTANCES))
+            .total_memories(n.saturating_mul(pool::MAX_MEMORIES))
+            .total_tables(n.saturating_mul(pool::MAX_TABLES))
+            .max_core_instances_per_component(pool::MAX_CORE_INSTANCES)
+            .max_memories_per_component(pool::MAX_MEMORIES)
+            .max_tables_per_component(pool::MAX_TABLES)
             .total_stacks(n)
             .max_memory_size(settings.max_memory)
             .linear_memory_keep_resident(settings.keep_resident)
@@ -214,6 +231,7 @@ impl Runtime {
         Ok(Runtime {
             engine,
             linker,
+            pool: InstancePool::new(n),
             settings,
             ticker,
             pagemap_reset,
@@ -237,6 +255,11 @@ impl Runtime {
         &self.settings
     }
 
+    /// The shares of the instance pool.
+    pub fn pool(&self) -> &Arc<InstancePool> {
+        &self.pool
+    }
+
     /// Compiles (or loads from the cache) and links a component. Fails with a clear message for
     /// something that is not a component of the `plugin` world.
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
@@ -247,7 +270,8 @@ impl Runtime {
             self.settings.compile_cache.as_deref(),
             &sha256,
             wasm,
-        )?;
+        )
+        .map_err(pool::too_large)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.2.0 or @0.1.0): {e:#}")
         })?;
@@ -269,9 +293,17 @@ impl Runtime {
         services: Arc<Services>,
         limits: &Limits,
     ) -> Result<Description, CallError> {
-        self.call(compiled, services, limits, None, async |plugin, store| {
-            plugin.describe(store).await
-        })
+        // The loader describes one file at a time: it does not wait long for a slot (the file
+        // waits and is tried again instead).
+        let slot_wait = limits.wall_timeout.min(DESCRIBE_SLOT_WAIT);
+        self.call(
+            compiled,
+            services,
+            limits,
+            slot_wait,
+            None,
+            async |plugin, store| plugin.describe(store).await,
+        )
         .await
         .0
     }
@@ -291,6 +323,7 @@ impl Runtime {
                 compiled,
                 services.clone(),
                 limits,
+                limits.wall_timeout,
                 tape,
                 async |plugin, store| {
                     store.data_mut().set_key(&req.key);
@@ -320,6 +353,7 @@ impl Runtime {
                 compiled,
                 services,
                 limits,
+                limits.wall_timeout,
                 Some(Tapes::replaying(recording)),
                 async |plugin, store| {
                     store.data_mut().set_key(&req.key);
@@ -396,42 +430,81 @@ impl Runtime {
         compiled: &Compiled,
         services: Arc<Services>,
         limits: &Limits,
+        slot_wait: Duration,
         tapes: Option<Tapes>,
         f: impl AsyncFnOnce(&versions::PluginInstance, &mut Store<CallCtx>) -> wasmtime::Result<R>,
     ) -> (Result<R, CallError>, Option<(Tape, Tape, Vec<u64>)>) {
         let plugin_name = services.plugin_name().to_string();
-        // Held for the instance's life: one plugin cannot take the whole pool.
         services.budgets.cpu_turn().await;
-        let _permit = services.instance_permit().await;
+        // Held for the instance's life (and dropped after the store): the plugin's own instance
+        // budget, and a slot of the pool.
+        let started = Instant::now();
+        let (_permit, _slot) = match self.take_slot(&services, slot_wait).await {
+            Ok(held) => held,
+            Err(e) => return (Err(e), None),
+        };
+        let wall = limits.wall_timeout.saturating_sub(started.elapsed());
         let mut store = self.new_store(services.clone(), limits);
         store.data_mut().set_tapes(tapes);
         if let Some(m) = services.metrics() {
             m.instantiated(&plugin_name);
         }
-        let wall = limits.wall_timeout;
         let clock = store.data().clock.clone();
         let running = self.ticker.running();
         let result = tokio::time::timeout(
             wall,
             clock.meter(async {
+                // Tests make wasmtime's pool look exhausted here, as another host's plugins could.
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("instantiate-pool-exhausted", |_| Err(CallError::PoolFull(
+                    "maximum concurrent limit of 1 for component instances reached (injected)"
+                        .into()
+                )));
                 let plugin = compiled
                     .pre
                     .instantiate_async(&mut store)
                     .await
-                    .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+                    .map_err(instantiate_error)?;
                 f(&plugin, &mut store)
                     .await
                     .map_err(|e| classify(e, limits))
             }),
         )
         .await
-        .unwrap_or(Err(CallError::WallTimeout(wall)));
+        .unwrap_or(Err(CallError::WallTimeout(limits.wall_timeout)));
         drop(running);
 
         // The whole run counts, its part after the last tick too: most calls end before any tick.
         services.budgets.charge_cpu(store.data().guest_time());
         let tapes = store.data_mut().take_tapes();
         (finish(&mut store, &plugin_name, result), tapes)
+    }
+
+    /// The plugin's instance budget (`max_instances`) and a slot of the pool (its own, else a
+    /// shared one; `describe` has slots of its own), waiting at most `wait` for them.
+    async fn take_slot(
+        &self,
+        services: &Services,
+        wait: Duration,
+    ) -> Result<(Option<tokio::sync::OwnedSemaphorePermit>, InstanceSlot), CallError> {
+        let take = async {
+            let permit = services.instance_permit().await;
+            let slot = self.pool.slot(services.share.as_ref()).await;
+            (permit, slot)
+        };
+        tokio::select! {
+            taken = tokio::time::timeout(wait, take) => taken.map_err(|_| {
+                let u = self.pool.usage();
+                CallError::PoolFull(format!(
+                    "waited {wait:?} for an instance slot: the plugin has its max_instances alive, or the pool has none for it (--max-instances {}: {} of {} shared slots in use, {} of {} describe's)",
+                    u.total, u.shared_in_use, u.shared, u.describing, u.describe_slots
+                ))
+            }),
+            // A stop or a swap does not wait for calls that have not started.
+            () = services.retired() => Err(CallError::PoolFull(
+                "the plugin version was stopped or replaced while the call waited for an instance slot".into(),
+            )),
+        }
     }
 
     /// Calls `reconcile` in the worker's warm instance, making one if there is none (opt-in
@@ -450,7 +523,9 @@ impl Runtime {
         let mut warm = match slot.take() {
             Some(w) => w,
             None => {
-                let permit = services.instance_permit().await;
+                let started = Instant::now();
+                let (permit, pool_slot) = self.take_slot(&services, limits.wall_timeout).await?;
+                let wall = limits.wall_timeout.saturating_sub(started.elapsed());
                 let mut store = self.new_store(services.clone(), limits);
                 if let Some(m) = services.metrics() {
                     m.instantiated(&plugin_name);
@@ -459,7 +534,7 @@ impl Runtime {
                 let clock = store.data().clock.clone();
                 let running = self.ticker.running();
                 let made = tokio::time::timeout(
-                    limits.wall_timeout,
+                    wall,
                     clock.meter(compiled.pre.instantiate_async(&mut store)),
                 )
                 .await;
@@ -482,6 +557,7 @@ impl Runtime {
                     plugin,
                     calls: 0,
                     _permit: permit,
+                    _slot: pool_slot,
                 }
             }
         };
@@ -698,19 +774,38 @@ pub struct Warm {
     store: Store<CallCtx>,
     plugin: versions::PluginInstance,
     calls: u32,
-    /// The plugin's instance slot, released with the instance.
+    /// The plugin's instance budget, released with the instance (fields drop in order: the
+    /// store first).
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The pool's slot, released with the instance.
+    _slot: InstanceSlot,
 }
 
 fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {
     if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
         return CallError::Deadline(limits.cpu_deadline);
     }
+    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+    {
+        return CallError::PoolFull(format!("{e:#}"));
+    }
     let text = format!("{e:#}");
     if text.contains("forcing trap when growing memory") || text.contains("memory allocation of") {
         return CallError::Memory(format!("{} bytes allowed", limits.memory));
     }
     CallError::Trap(text)
+}
+
+/// An instantiation that failed: a pool that ran out is a wait, not a fault of the plugin.
+fn instantiate_error(e: wasmtime::Error) -> CallError {
+    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+    {
+        CallError::PoolFull(format!("{e:#}"))
+    } else {
+        CallError::Instantiate(format!("{e:#}"))
+    }
 }
 
 fn with_panic_message(trap: &str, panic: Option<String>) -> String {

@@ -17,9 +17,20 @@ pub fn value_of(cm: &ConfigMap) -> &str {
         .map_or("yes", String::as_str)
 }
 
-/// Sets annotation `key` of the ConfigMap to `value` when it differs, and says whether it did.
+/// Sets annotation `key` of the ConfigMap to `value` when it differs, and says whether it did
+/// (never in `kube-*` namespaces, where the host refuses plugins' writes).
 /// Patching only on a difference ends the loop: the plugin's own patch comes back as a change.
 pub fn annotate(ctx: &Context, cm: &ConfigMap, key: &str, value: &str) -> Result<bool, Error> {
+    // Kubernetes' own namespaces are protected: no plugin acts there unless its operator names
+    // them, so the test plugins that watch every ConfigMap leave those alone.
+    if cm
+        .metadata
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| ns.starts_with("kube-"))
+    {
+        return Ok(false);
+    }
     let current = cm.metadata.annotations.as_ref().and_then(|a| a.get(key));
     if current.map(String::as_str) == Some(value) {
         return Ok(false);
