@@ -252,6 +252,8 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let ns = env.namespace("replicas").await?;
+    // The Leases in a namespace of their own: the host protects its Lease namespace from plugins.
+    let lease_ns = env.namespace("replicas-leases").await?;
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let dir = temp_dir("replicas")?;
     install(&dir, "well-behaved", "well-behaved.wasm")?;
@@ -262,14 +264,14 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
     cms.create(&PostParams::default(), &cm).await?;
     let logs = temp_dir("replicas-logs")?;
 
-    let mut first = Host::start(&dir, &kubeconfig, &ns.name, &logs.join("first.log"))?;
+    let mut first = Host::start(&dir, &kubeconfig, &lease_ns.name, &logs.join("first.log"))?;
     eventually(
         "the first process leads",
         Duration::from_secs(30),
         || async { Ok(first.leading().await.ok().filter(|l| *l).map(|_| ())) },
     )
     .await?;
-    let second = Host::start(&dir, &kubeconfig, &ns.name, &logs.join("second.log"))?;
+    let second = Host::start(&dir, &kubeconfig, &lease_ns.name, &logs.join("second.log"))?;
     eventually(
         "the second process is ready, a standby",
         Duration::from_secs(30),
@@ -299,7 +301,7 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
 
     // A new standby; SIGTERM the leader: it releases the Lease and the standby leads within 2 s
     // (it looks every 0.5 s).
-    let third = Host::start(&dir, &kubeconfig, &ns.name, &logs.join("third.log"))?;
+    let third = Host::start(&dir, &kubeconfig, &lease_ns.name, &logs.join("third.log"))?;
     eventually(
         "the third process is a ready standby",
         Duration::from_secs(30),
@@ -386,6 +388,7 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let ns = env.namespace("per-plugin").await?;
+    let lease_ns = env.namespace("per-plugin-leases").await?;
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let dir = temp_dir("per-plugin")?;
     for p in PLUGINS {
@@ -396,14 +399,14 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"value": "v0"}}))?;
     cms.create(&PostParams::default(), &cm).await?;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns.name);
     let logs = temp_dir("per-plugin-logs")?;
     let per_plugin = ["--leader-elect-mode", "per-plugin"];
     let start = |name: &str| {
         Host::start_with(
             &dir,
             &kubeconfig,
-            &ns.name,
+            &lease_ns.name,
             &logs.join(format!("{name}.log")),
             name,
             &per_plugin,
