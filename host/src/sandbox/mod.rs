@@ -557,7 +557,7 @@ impl Runtime {
                     plugin,
                     calls: 0,
                     _permit: permit,
-                    slot: pool_slot,
+                    _slot: pool_slot,
                 }
             }
         };
@@ -590,10 +590,7 @@ impl Runtime {
         // Recycle now and then: bounded output buffers, and no heap grown without bound.
         let recycle =
             warm.calls >= MAX_WARM_CALLS || warm.store.data().output_len() > limits.max_output / 2;
-        // Kept only in the plugin's own slot: a warm instance on a shared slot would hold it while
-        // its worker idles, for good, and starve the other plugins. The plugin's other workers
-        // start fresh instances on shared slots, one call at a time.
-        if result.is_ok() && !recycle && !warm.slot.is_shared() {
+        if result.is_ok() && !recycle {
             *slot = Some(warm);
         }
         result
@@ -781,7 +778,7 @@ pub struct Warm {
     /// store first).
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The pool's slot, released with the instance.
-    slot: InstanceSlot,
+    _slot: InstanceSlot,
 }
 
 fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {

@@ -128,14 +128,6 @@ enum Source {
     Describe,
 }
 
-impl InstanceSlot {
-    /// Whether the slot is one of the shared part's: held for one call only, never by an idle
-    /// warm instance (which would keep it from every other plugin for good).
-    pub fn is_shared(&self) -> bool {
-        matches!(self.source, Source::Shared)
-    }
-}
-
 impl Drop for InstanceSlot {
     fn drop(&mut self) {
         match &self.source {
