@@ -539,16 +539,37 @@ struct Worker {
     last_error: LastErrorSlot,
 }
 
+/// How long an idle worker keeps a warm instance that holds a shared slot of the instance pool.
+const IDLE_WARM_ON_SHARED_SLOT: Duration = Duration::from_secs(5);
+
 impl Worker {
     async fn run(mut self) {
         // The warm instance (isolation = "worker") and the version it belongs to.
         let mut warm: (Option<Warm>, u64) = (None, 0);
         loop {
-            // A standby (or a replica that lost its lease) takes no key until it leads.
+            // A standby (or a replica that lost its lease) takes no key until it leads, and holds
+            // no instance meanwhile.
+            if !self.gate.is_taking() {
+                warm = (None, 0);
+            }
             if self.gate.taking.wait_for(|leading| *leading).await.is_err() {
                 return;
             }
-            let Some(key) = self.queue.get().await else {
+            // A warm instance on a shared slot of the pool is given back once its worker idles
+            // (an idle worker could otherwise keep it from every other plugin for good); one in
+            // the plugin's own slot stays. `get` is cancel-safe: a key is taken only on return.
+            let key = if warm.0.as_ref().is_some_and(Warm::on_shared_slot) {
+                match tokio::time::timeout(IDLE_WARM_ON_SHARED_SLOT, self.queue.get()).await {
+                    Ok(key) => key,
+                    Err(_) => {
+                        warm = (None, 0);
+                        continue;
+                    }
+                }
+            } else {
+                self.queue.get().await
+            };
+            let Some(key) = key else {
                 return;
             };
             if !self.gate.is_taking() {

@@ -557,7 +557,7 @@ impl Runtime {
                     plugin,
                     calls: 0,
                     _permit: permit,
-                    _slot: pool_slot,
+                    slot: pool_slot,
                 }
             }
         };
@@ -749,7 +749,7 @@ fn save_recording(
     // A recording can be megabytes: searched and written off the async threads, a few at a time
     // (each holds its recording and a matcher); one that finds them all busy is not written.
     static REDACTING: AtomicUsize = AtomicUsize::new(0);
-    const MAX_REDACTING: usize = 4;
+    const MAX_REDACTING: usize = 32;
     if REDACTING.fetch_add(1, Ordering::AcqRel) >= MAX_REDACTING {
         REDACTING.fetch_sub(1, Ordering::AcqRel);
         recorder.refuse(&recording.plugin, &redact::Unsafe::Busy);
@@ -778,7 +778,14 @@ pub struct Warm {
     /// store first).
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The pool's slot, released with the instance.
-    _slot: InstanceSlot,
+    slot: InstanceSlot,
+}
+
+impl Warm {
+    /// Whether it holds a slot of the pool's shared part: its worker gives it back when idle.
+    pub fn on_shared_slot(&self) -> bool {
+        self.slot.is_shared()
+    }
 }
 
 fn classify(e: wasmtime::Error, limits: &Limits) -> CallError {

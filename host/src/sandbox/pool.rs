@@ -128,6 +128,13 @@ enum Source {
     Describe,
 }
 
+impl InstanceSlot {
+    /// Whether the slot is one of the shared part's (not the plugin's own, nor `describe`'s).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.source, Source::Shared)
+    }
+}
+
 impl Drop for InstanceSlot {
     fn drop(&mut self) {
         match &self.source {
