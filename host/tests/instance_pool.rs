@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -18,21 +17,6 @@ use wasm_controller_manager::loading::plugins::FileStatus;
 /// Long enough to hold the instances while the test looks (a warm instance is held after its
 /// sleep too); stopping the manager waits for the sleeps in progress.
 const SLEEP_SECONDS: &str = "40";
-
-fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
-    ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-        ),
-        ..Default::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn another_plugins_reconciles_and_a_new_plugins_load_go_on_while_two_plugins_hold_every_instance_they_may()

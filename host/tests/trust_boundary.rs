@@ -25,21 +25,6 @@ fn secret(name: &str) -> Result<Secret> {
     }))?)
 }
 
-fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
-    ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-        ),
-        ..Default::default()
-    }
-}
-
 fn waits_for_a_grant(s: &FileStatus) -> bool {
     matches!(
         s,

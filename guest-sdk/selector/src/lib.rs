@@ -56,8 +56,8 @@ impl Selector {
     }
 }
 
-/// Splits on commas that are not inside parentheses.
-fn split_top_level(text: &str) -> Vec<&str> {
+/// Splits a selector's text on the commas that are not inside parentheses (its requirements).
+pub fn split_top_level(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     for (i, c) in text.char_indices() {

@@ -83,7 +83,7 @@ pub fn canonical_selector(text: &str) -> Result<Option<String>, String> {
     // The same acceptance as every other use of a selector in the host.
     crate::selector::Selector::parse(text)?;
     let mut reqs = BTreeSet::new();
-    for part in split_top_level(text) {
+    for part in wcm_selector::split_top_level(text) {
         let part = part.trim();
         if part.is_empty() {
             continue;
@@ -94,25 +94,6 @@ pub fn canonical_selector(text: &str) -> Result<Option<String>, String> {
         );
     }
     Ok((!reqs.is_empty()).then(|| reqs.into_iter().collect::<Vec<_>>().join(",")))
-}
-
-/// Splits on commas that are not inside parentheses (as `wcm_selector` does).
-fn split_top_level(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, c) in text.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&text[start..]);
-    out
 }
 
 /// One requirement, trimmed, in the order `wcm_selector` tells the operators apart.

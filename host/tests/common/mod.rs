@@ -405,3 +405,19 @@ pub async fn reported_attacks<T: serde::de::DeserializeOwned>(
     )
     .await
 }
+
+/// A ConfigMap named `name` with these data entries.
+pub fn cm(name: &str, data: &[(&str, &str)]) -> k8s_openapi::api::core::v1::ConfigMap {
+    k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        ),
+        ..Default::default()
+    }
+}
