@@ -174,30 +174,14 @@ async fn a_reconcile_recorded_against_neutron_replays_offline(os: &OpenStack) ->
     .await?;
     manager.stop().await;
 
-    // The recording whose HTTP created the network in Neutron.
-    let suffix = format!("-{}_teal.json", ns.name);
-    let mut files: Vec<_> = std::fs::read_dir(records.join("network"))?
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.to_string_lossy().ends_with(&suffix))
-        .collect();
-    files.sort();
-    let mut creating = None;
-    for f in files {
-        let rec: Value = serde_json::from_str(&std::fs::read_to_string(&f)?)?;
-        let creates = rec["http"].as_array().is_some_and(|h| {
-            h.iter().any(|x| {
-                x["args"]["method"] == "POST"
-                    && x["args"]["uri"]
-                        .as_str()
-                        .is_some_and(|u| u.ends_with("/v2.0/networks"))
-            })
-        });
-        if creates {
-            creating = Some(f);
-            break;
-        }
-    }
-    let file = creating.context("no recording of the reconcile that created the network")?;
+    // The recording whose HTTP created the network in Neutron (written off the async threads
+    // after its reconcile: waited for, not read once).
+    let file = eventually(
+        "a recording of the reconcile that created the network",
+        Duration::from_secs(30),
+        || async { recording_creating_network(&records.join("network"), &ns.name, "teal") },
+    )
+    .await?;
     let raw = std::fs::read_to_string(&file)?;
     let info = os.info();
     assert!(

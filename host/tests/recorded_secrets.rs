@@ -367,30 +367,10 @@ async fn an_honest_plugin_s_password_and_token_stay_out_and_it_still_replays() -
         }))?,
     )
     .await?;
-    let suffix = format!("-{}_plum.json", ns.name);
     let creating = eventually(
         "a recording of the reconcile that created plum in Neutron",
         Duration::from_secs(90),
-        || async {
-            for f in recordings(&records.join("network")) {
-                if !f.to_string_lossy().ends_with(&suffix) {
-                    continue;
-                }
-                let rec = read(&f)?;
-                let creates = rec["http"].as_array().is_some_and(|h| {
-                    h.iter().any(|x| {
-                        x["args"]["method"] == "POST"
-                            && x["args"]["uri"]
-                                .as_str()
-                                .is_some_and(|u| u.ends_with("/v2.0/networks"))
-                    })
-                });
-                if creates {
-                    return Ok(Some(f));
-                }
-            }
-            Ok(None)
-        },
+        || async { recording_creating_network(&records.join("network"), &ns.name, "plum") },
     )
     .await?;
     manager.stop().await;

@@ -827,6 +827,7 @@ impl PluginManager {
             .await
             .map_err(|(f, m)| waiting(WaitReason::of(&f), m))?;
         let secrets_digest = digest_of(&secrets);
+        let protected = self.settings.identity.protected_namespaces();
         let scope = Scope::resolve(
             settings.namespaces.as_deref(),
             &watches
@@ -836,14 +837,10 @@ impl PluginManager {
                     namespaced: *namespaced,
                 })
                 .collect::<Vec<_>>(),
-            &self.settings.identity.protected_namespaces(),
+            &protected,
         );
         let grants = Permissions::new(description.permissions.clone())
-            .resolve(
-                self.parts.api.discovery(),
-                scope,
-                self.settings.identity.protected_namespaces(),
-            )
+            .resolve(self.parts.api.discovery(), scope, protected)
             .await
             .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
         let acts_in = grants.scope().to_string();

@@ -421,3 +421,35 @@ pub fn cm(name: &str, data: &[(&str, &str)]) -> k8s_openapi::api::core::v1::Conf
         ..Default::default()
     }
 }
+
+/// The first recording (in file-name order) in `dir` of key `namespace/name` whose outbound HTTP
+/// created a network in Neutron (a POST to `/v2.0/networks`).
+pub fn recording_creating_network(
+    dir: &Path,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<PathBuf>> {
+    let suffix = format!("-{namespace}_{name}.json");
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(d) => d.filter_map(|e| Some(e.ok()?.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    files.retain(|p| p.to_string_lossy().ends_with(&suffix));
+    files.sort();
+    for f in files {
+        let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&f)?)?;
+        let creates = rec["http"].as_array().is_some_and(|h| {
+            h.iter().any(|x| {
+                x["args"]["method"] == "POST"
+                    && x["args"]["uri"]
+                        .as_str()
+                        .is_some_and(|u| u.ends_with("/v2.0/networks"))
+            })
+        });
+        if creates {
+            return Ok(Some(f));
+        }
+    }
+    Ok(None)
+}
