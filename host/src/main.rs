@@ -345,6 +345,11 @@ struct RunArgs {
     /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
     #[arg(long, env = "WCM_WAIT_RETRY_SECONDS", default_value_t = 5)]
     wait_retry_seconds: u64,
+    /// Wall time a plugin's `describe` may take, sleeping included, seconds (at most the wall
+    /// timeout). A plugin whose `describe` takes longer is refused until its file changes; other
+    /// files load meanwhile.
+    #[arg(long, env = "WCM_DESCRIBE_TIMEOUT_SECONDS", default_value_t = 10)]
+    describe_timeout_seconds: u64,
     /// How long a plugin's caches may take to list before it waits and is tried again, seconds.
     #[arg(long, env = "WCM_CACHE_SYNC_TIMEOUT_SECONDS", default_value_t = 60)]
     cache_sync_timeout_seconds: u64,
@@ -556,6 +561,7 @@ impl RunArgs {
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),
+            describe_timeout: Duration::from_secs(self.describe_timeout_seconds.max(1)),
             sync_timeout: Duration::from_secs(self.cache_sync_timeout_seconds.max(1)),
             rate_limits: RateLimits {
                 base_delay: Duration::from_millis(self.retry_base_ms),
