@@ -126,15 +126,19 @@ pub enum WaitReason {
     NameTaken,
     /// No instance slot for `describe`, or none left to reserve for it (`sandbox/pool.rs`).
     InstancePool,
+    /// `describe` did not answer within its deadline once (a busy host can make an honest plugin
+    /// late): it is tried again once, and refused if late again.
+    SlowDescribe,
 }
 
 impl WaitReason {
-    pub const ALL: [WaitReason; 5] = [
+    pub const ALL: [WaitReason; 6] = [
         WaitReason::Forbidden,
         WaitReason::NotServed,
         WaitReason::Unreachable,
         WaitReason::NameTaken,
         WaitReason::InstancePool,
+        WaitReason::SlowDescribe,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -144,6 +148,7 @@ impl WaitReason {
             WaitReason::Unreachable => "unreachable",
             WaitReason::NameTaken => "name_taken",
             WaitReason::InstancePool => "instance_pool",
+            WaitReason::SlowDescribe => "slow_describe",
         }
     }
 
@@ -239,6 +244,15 @@ pub struct PluginManager {
     loading: std::sync::Mutex<HashMap<String, Loading>>,
     /// Plugin names claimed by a load in progress, with the file claiming each.
     claims: std::sync::Mutex<HashMap<String, String>>,
+    /// Plugin names whose controller is being stopped in the background (its in-flight calls end
+    /// first): no file starts a plugin under such a name until the stop is done.
+    stopping_names: std::sync::Mutex<HashMap<String, usize>>,
+    /// The background stops, so [`PluginManager::stop_all`] can wait for them.
+    retiring: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Files whose `describe` missed its deadline once, with the content it was for.
+    late_describes: std::sync::Mutex<HashMap<String, OnDisk>>,
+    /// `describe` calls at once: as many as the instance pool keeps slots for.
+    describe_turns: tokio::sync::Semaphore,
     /// A load ended whose file changed (or went) meanwhile: rescan at once.
     load_ended: tokio::sync::Notify,
     /// Set by [`PluginManager::stop_all`]: nothing is loaded any more.
@@ -249,9 +263,13 @@ pub struct PluginManager {
 
 /// A load in progress.
 struct Loading {
+    /// The content being loaded.
+    disk: OnDisk,
     /// A rescan saw the file change or go while it was being loaded: it is looked at again as soon
     /// as this load ends.
     changed: bool,
+    /// To cancel the load at shutdown.
+    abort: Option<tokio::task::AbortHandle>,
 }
 
 /// Ends a load's bookkeeping however the load ends (a panic included): the file is no longer
@@ -271,6 +289,31 @@ impl Drop for LoadGuard {
         }
     }
 }
+
+/// A plugin name whose controller is being stopped: free again when dropped (however the stop
+/// ends), and the files waiting for it are tried at once.
+struct NameStopping {
+    manager: Arc<PluginManager>,
+    name: String,
+}
+
+impl Drop for NameStopping {
+    fn drop(&mut self) {
+        let mut names = lock(&self.manager.stopping_names);
+        if let Some(n) = names.get_mut(&self.name) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                names.remove(&self.name);
+            }
+        }
+        drop(names);
+        self.manager.load_ended.notify_one();
+    }
+}
+
+/// How long one plugin's grant or Secret check at a rescan may take; one that does not answer in
+/// time changes nothing.
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A std mutex's guard; its data stays usable after a panic elsewhere (every holder leaves it
 /// consistent: single inserts and removals).
@@ -298,6 +341,12 @@ impl PluginManager {
             described: Default::default(),
             loading: Default::default(),
             claims: Default::default(),
+            stopping_names: Default::default(),
+            retiring: Default::default(),
+            late_describes: Default::default(),
+            describe_turns: tokio::sync::Semaphore::new(
+                crate::sandbox::pool::DESCRIBE_SLOTS as usize,
+            ),
             load_ended: tokio::sync::Notify::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             scanned: std::sync::atomic::AtomicBool::new(false),
@@ -373,12 +422,18 @@ impl PluginManager {
                     message: w.message.clone(),
                 });
         }
-        for (stem, (_, err)) in refused.iter() {
-            out.entry(stem.clone())
-                .or_insert_with(|| FileStatus::Refused { error: err.clone() });
-        }
-        for stem in lock(&self.loading).keys() {
-            out.entry(stem.clone()).or_insert(FileStatus::Loading);
+        {
+            let loading = lock(&self.loading);
+            for (stem, (disk, err)) in refused.iter() {
+                // A refused file being loaded again has changed since: it shows as loading.
+                if loading.get(stem).is_none_or(|l| l.disk == *disk) {
+                    out.entry(stem.clone())
+                        .or_insert_with(|| FileStatus::Refused { error: err.clone() });
+                }
+            }
+            for stem in loading.keys() {
+                out.entry(stem.clone()).or_insert(FileStatus::Loading);
+            }
         }
         out
     }
@@ -499,6 +554,10 @@ impl PluginManager {
                 return Vec::new();
             }
         };
+        // A file being loaded that changed or went meanwhile is looked at again once its load ends.
+        for (stem, l) in lock(&self.loading).iter_mut() {
+            l.changed |= on_disk.get(stem) != Some(&l.disk);
+        }
         // Removed files.
         let gone: Vec<String> = {
             let running = self.running.lock().await;
@@ -510,11 +569,8 @@ impl PluginManager {
         };
         let mut removed_plugins = Vec::new();
         for stem in gone {
-            let removed = self.running.lock().await.remove(&stem);
-            if let Some(r) = removed {
-                tracing::info!(plugin = %r.name, file = %stem, "plugin file removed: stopping");
-                removed_plugins.push(r.name.clone());
-                self.stop_running(r).await;
+            if let Some(disk) = self.retire(&stem, true).await {
+                tracing::info!(file = %disk.wasm.display(), "plugin file removed: stopping its plugin");
             }
         }
         self.refused
@@ -531,14 +587,7 @@ impl PluginManager {
         });
         // A removed plugin's series go too, unless another file runs or waits under its name.
         for plugin in removed_plugins {
-            let still_there = self.running.lock().await.values().any(|r| r.name == plugin)
-                || self
-                    .waiting
-                    .lock()
-                    .await
-                    .values()
-                    .any(|w| w.plugin == plugin);
-            if !still_there {
+            if !self.runs_or_waits(&plugin).await {
                 self.parts.metrics.forget_plugin(&plugin);
             }
         }
@@ -554,10 +603,7 @@ impl PluginManager {
                 .retain(|sha, _| on_disk_shas.contains(sha));
         }
         lock(&self.described).retain(|stem, (disk, _)| on_disk.get(stem) == Some(disk));
-        // A file being loaded that changed or went meanwhile is looked at again once its load ends.
-        for (stem, l) in lock(&self.loading).iter_mut() {
-            l.changed |= !on_disk.contains_key(stem);
-        }
+        lock(&self.late_describes).retain(|stem, disk| on_disk.get(stem) == Some(disk));
         // New and changed files, in name order.
         let mut stems: Vec<&String> = on_disk.keys().collect();
         stems.sort();
@@ -581,23 +627,33 @@ impl PluginManager {
             }
             {
                 let mut loading = lock(&self.loading);
-                if let Some(l) = loading.get_mut(stem) {
+                if loading.contains_key(stem) {
                     // One load per file at a time.
-                    l.changed = true;
                     continue;
                 }
-                loading.insert(stem.clone(), Loading { changed: false });
+                loading.insert(
+                    stem.clone(),
+                    Loading {
+                        disk: disk.clone(),
+                        changed: false,
+                        abort: None,
+                    },
+                );
             }
             let guard = LoadGuard {
                 manager: self.clone(),
                 stem: stem.clone(),
             };
             let disk = disk.clone();
-            loads.push(tokio::spawn(async move {
+            let load = tokio::spawn(async move {
                 let m = guard.manager.clone();
                 m.load_and_record(&guard.stem, &disk).await;
                 drop(guard);
-            }));
+            });
+            if let Some(l) = lock(&self.loading).get_mut(stem) {
+                l.abort = Some(load.abort_handle());
+            }
+            loads.push(load);
         }
         self.count_loaded().await;
         loads
@@ -641,8 +697,14 @@ impl PluginManager {
                 message,
             }) => {
                 self.refused.lock().await.remove(stem);
-                self.set_waiting(&plugin, Some(reason));
                 let mut waiting = self.waiting.lock().await;
+                // It waited under its file's name before it was described (no instance slot).
+                if let Some(old) = waiting.get(stem)
+                    && old.plugin != plugin
+                {
+                    self.set_waiting(&old.plugin, None);
+                }
+                self.set_waiting(&plugin, Some(reason));
                 let changed = waiting
                     .get(stem)
                     .is_none_or(|w| w.message != message || w.disk != *disk);
@@ -686,8 +748,9 @@ impl PluginManager {
         self.scanned.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Stops every running plugin whose identity lost a grant it needs; it waits again.
-    async fn recheck_grants(&self) {
+    /// Stops every running plugin whose identity lost a grant it needs; it waits again. The
+    /// plugins are checked side by side, each within [`RECHECK_TIMEOUT`].
+    async fn recheck_grants(self: &Arc<Self>) {
         let checks: Vec<(String, String, PluginIdentity, Vec<Access>)> = self
             .running
             .lock()
@@ -703,18 +766,27 @@ impl PluginManager {
                 ))
             })
             .collect();
-        for (stem, name, identity, accesses) in checks {
-            // An API server that does not answer revokes nothing.
-            let Ok(Some(denied)) = identity.first_denied(&accesses).await else {
+        let verdicts = futures::future::join_all(checks.into_iter().map(
+            |(stem, name, identity, accesses)| async move {
+                // An API server that does not answer (in time) revokes nothing.
+                let denied =
+                    tokio::time::timeout(RECHECK_TIMEOUT, identity.first_denied(&accesses)).await;
+                let message = match denied {
+                    Ok(Ok(Some(denied))) => Some(missing_grant(&identity, &denied)),
+                    _ => None,
+                };
+                (stem, name, message)
+            },
+        ))
+        .await;
+        for (stem, name, message) in verdicts {
+            let Some(message) = message else {
                 continue;
             };
-            let Some(r) = self.running.lock().await.remove(&stem) else {
+            let Some(disk) = self.retire(&stem, false).await else {
                 continue;
             };
-            let message = missing_grant(&identity, &denied);
             tracing::warn!(plugin = %name, "grant revoked, stopping the plugin: {message}");
-            let disk = r.disk.clone();
-            self.stop_running(r).await;
             self.set_waiting(&name, Some(WaitReason::Forbidden));
             self.waiting.lock().await.insert(
                 stem,
@@ -730,7 +802,8 @@ impl PluginManager {
 
     /// Reads the Secrets of every running plugin again; one whose values changed (a rotated
     /// credential) is loaded again by this rescan, so it runs with them without a restart. A
-    /// Secret that cannot be read now leaves the plugin running with what it has.
+    /// Secret that cannot be read now (or within [`RECHECK_TIMEOUT`]) leaves the plugin running
+    /// with what it has.
     async fn recheck_secrets(&self) {
         let checks: Vec<(String, PluginSettings, PluginIdentity, String)> = self
             .running
@@ -748,13 +821,20 @@ impl PluginManager {
                 ))
             })
             .collect();
-        for (stem, settings, identity, digest) in checks {
-            let Ok(now) = self.resolve_secrets(&settings, &identity).await else {
-                continue;
-            };
-            if digest_of(&now) != digest
-                && let Some(r) = self.running.lock().await.get_mut(&stem)
-            {
+        let rotated = futures::future::join_all(checks.into_iter().map(
+            |(stem, settings, identity, digest)| async move {
+                let now = tokio::time::timeout(
+                    RECHECK_TIMEOUT,
+                    self.resolve_secrets(&settings, &identity),
+                )
+                .await;
+                let rotated = matches!(now, Ok(Ok(now)) if digest_of(&now) != digest);
+                (stem, rotated)
+            },
+        ))
+        .await;
+        for (stem, rotated) in rotated {
+            if rotated && let Some(r) = self.running.lock().await.get_mut(&stem) {
                 tracing::info!(plugin = %r.name, "a Secret it reads changed: loading it again");
                 r.secrets_rotated = true;
             }
@@ -765,7 +845,7 @@ impl PluginManager {
     /// forgets a group when one of its CRDs changes): a plugin whose kinds now resolve to other
     /// informers — a CRD re-created with another scope — or are no longer served is stopped and
     /// loaded again by this rescan, and waits if its kind is gone.
-    async fn recheck_kinds(&self) {
+    async fn recheck_kinds(self: &Arc<Self>) {
         let running: Vec<(String, Vec<InformerKey>, Arc<Version>)> = {
             let running = self.running.lock().await;
             let mut out = Vec::new();
@@ -776,24 +856,73 @@ impl PluginManager {
             }
             out
         };
-        for (stem, keys, version) in running {
-            let now = resolve_watches(&self.parts.api, &version.description).await;
-            let same = match &now {
-                Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys.iter()),
-                // Not served any more (a 404); anything else (the API server unreachable) is no
-                // reason to stop a running plugin.
-                Err(f) => f.code != 404,
-            };
-            if same {
-                continue;
-            }
+        let verdicts = futures::future::join_all(running.into_iter().map(
+            |(stem, keys, version)| async move {
+                let now = resolve_watches(&self.parts.api, &version.description).await;
+                let same = match &now {
+                    Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys.iter()),
+                    // Not served any more (a 404); anything else (the API server unreachable) is
+                    // no reason to stop a running plugin.
+                    Err(f) => f.code != 404,
+                };
+                (stem, version.description.name.clone(), same)
+            },
+        ))
+        .await;
+        for (stem, name, same) in verdicts {
             // Stopped and loaded again by this rescan: it runs on the new informers, or waits
             // (not served) until its kind is back.
-            if let Some(r) = self.running.lock().await.remove(&stem) {
-                tracing::info!(plugin = %r.name, "a kind it watches is served differently now, or not at all: loading it again");
-                self.stop_running(r).await;
+            if !same && self.retire(&stem, false).await.is_some() {
+                tracing::info!(plugin = %name, "a kind it watches is served differently now, or not at all: loading it again");
             }
         }
+    }
+
+    /// Takes `stem`'s plugin out of what runs and stops it in the background: its in-flight calls
+    /// end first (up to their wall timeout), and neither the rescan nor any other file waits for
+    /// that. Its name stays taken until the stop is done. With `forget`, its metric series go
+    /// afterwards, unless another file runs or waits under its name by then. Returns the content it
+    /// ran.
+    async fn retire(self: &Arc<Self>, stem: &str, forget: bool) -> Option<OnDisk> {
+        let r = {
+            let mut running = self.running.lock().await;
+            let r = running.remove(stem)?;
+            *lock(&self.stopping_names)
+                .entry(r.name.clone())
+                .or_default() += 1;
+            r
+        };
+        let disk = r.disk.clone();
+        let name = NameStopping {
+            manager: self.clone(),
+            name: r.name.clone(),
+        };
+        let stop = tokio::spawn(async move {
+            let m = name.manager.clone();
+            m.stop_running(r).await;
+            let plugin = name.name.clone();
+            // The name is free from here; a file waiting for it is tried at once.
+            drop(name);
+            if forget && !m.runs_or_waits(&plugin).await {
+                m.parts.metrics.forget_plugin(&plugin);
+            }
+        });
+        let mut retiring = lock(&self.retiring);
+        retiring.retain(|t| !t.is_finished());
+        retiring.push(stop);
+        Some(disk)
+    }
+
+    /// Whether a file runs, waits or stops under the plugin name `plugin`.
+    async fn runs_or_waits(&self, plugin: &str) -> bool {
+        self.running.lock().await.values().any(|r| r.name == plugin)
+            || self
+                .waiting
+                .lock()
+                .await
+                .values()
+                .any(|w| w.plugin == plugin)
+            || lock(&self.stopping_names).contains_key(plugin)
     }
 
     /// `wcm_plugin_waiting` of `plugin`: 1 for `reason`, 0 for the others.
@@ -848,16 +977,30 @@ impl PluginManager {
         Ok(out)
     }
 
-    /// Stops every plugin: no load starts any more, the loads in progress end first (each is
-    /// bounded by the describe deadline, the API timeout and the cache sync timeout), then every
-    /// running plugin stops.
+    /// Stops every plugin: no load starts any more; the loads in progress get a few seconds to end
+    /// by themselves and are then cancelled (a controller a cancelled load held ends its tasks when
+    /// dropped); the plugins being stopped in the background and then every running plugin stop,
+    /// each letting its in-flight calls end.
     pub async fn stop_all(&self) {
         self.stopping
             .store(true, std::sync::atomic::Ordering::Release);
         // Held: no rescan is between its check of `stopping` and the start of its loads.
         drop(self.rescan_lock.lock().await);
-        while !lock(&self.loading).is_empty() {
+        let deadline = tokio::time::Instant::now() + LOADS_AT_STOP;
+        while !lock(&self.loading).is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for l in lock(&self.loading).values() {
+            if let Some(a) = &l.abort {
+                a.abort();
+            }
+        }
+        while !lock(&self.loading).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let retiring = std::mem::take(&mut *lock(&self.retiring));
+        for stop in retiring {
+            let _ = stop.await;
         }
         let all: Vec<Running> = self.running.lock().await.drain().map(|(_, r)| r).collect();
         for r in all {
@@ -865,6 +1008,9 @@ impl PluginManager {
         }
     }
 }
+
+/// How long the loads in progress at a stop may take to end by themselves.
+const LOADS_AT_STOP: Duration = Duration::from_secs(5);
 
 /// `wcm_plugins_refused_total{reason}` of a plugin that needs more list+watch streams than its
 /// budget.

@@ -293,8 +293,9 @@ impl Runtime {
         services: Arc<Services>,
         limits: &Limits,
     ) -> Result<Description, CallError> {
-        // The loader describes one file at a time: it does not wait long for a slot (the file
-        // waits and is tried again instead).
+        // The loader describes at most `pool::DESCRIBE_SLOTS` files at once, so a slot kept for
+        // `describe` is free unless the pool is smaller than that: it does not wait long for one (the
+        // file waits and is tried again instead).
         let slot_wait = limits.wall_timeout.min(DESCRIBE_SLOT_WAIT);
         self.call(
             compiled,

@@ -16,13 +16,10 @@ impl PluginManager {
         };
         let compiled = self.compile(disk).await?;
         let limits = settings.limits(&self.settings.default_limits);
-        let mut description = (*self
+        let description = (*self
             .describe(stem, disk, &settings, &compiled, &limits)
             .await?)
             .clone();
-        if let Some(name) = &settings.name {
-            description.name = name.clone();
-        }
         crate::contract::validate::description(&description).map_err(anyhow::Error::msg)?;
         let name = description.name.clone();
         // The name is the plugin's identity (its ServiceAccount): a new version of a file may not
@@ -56,6 +53,30 @@ impl PluginManager {
                     ),
                 ));
             }
+            if lock(&self.stopping_names).contains_key(&name) {
+                return Err(waiting(
+                    WaitReason::NameTaken,
+                    format!(
+                        "the previous controller of plugin {name:?} is still stopping (its in-flight calls end first); this file starts when it has"
+                    ),
+                ));
+            }
+            // Of two files loading at once under one name, the first in name order runs (once
+            // it has been described; before that, the first to get here).
+            let loading = lock(&self.loading);
+            let described = lock(&self.described);
+            if let Some(lower) = loading.iter().find_map(|(other, l)| {
+                let (d, desc) = described.get(other)?;
+                (other.as_str() < stem && *d == l.disk && desc.name == name).then_some(other)
+            }) {
+                return Err(waiting(
+                    WaitReason::NameTaken,
+                    format!(
+                        "plugin name {name:?} is being loaded from {lower}.wasm; this file starts when that one goes"
+                    ),
+                ));
+            }
+            drop((loading, described));
             // Files load side by side: the name is claimed until this load has ended (and the
             // plugin runs under it), so two files never start one plugin twice.
             let mut claims = lock(&self.claims);
@@ -197,7 +218,20 @@ impl PluginManager {
 
         // Nothing below holds `running` while it waits (a stop drains in-flight reconciles, a start
         // waits for caches): status and the other plugins stay answerable.
-        let previous = self.running.lock().await.remove(stem);
+        let previous = {
+            let mut running = self.running.lock().await;
+            // Checked under the lock a background stop takes its plugin out with: a revoked or
+            // re-kinded version of this plugin may have been taken out meanwhile.
+            if lock(&self.stopping_names).contains_key(&name) {
+                return Err(waiting(
+                    WaitReason::NameTaken,
+                    format!(
+                        "the previous controller of plugin {name:?} is still stopping (its in-flight calls end first); this file starts when it has"
+                    ),
+                ));
+            }
+            running.remove(stem)
+        };
         // Hosts: what the plugin declared and the operator allowed (globally or for this plugin),
         // compared after normalising host and port on both sides.
         let allowed: Vec<String> = self
@@ -375,7 +409,15 @@ impl PluginManager {
             ..limits.clone()
         };
         let services = Arc::new(Services::for_describe(stem, settings.config.clone()));
-        let description = self
+        // No more describes at once than the instance pool keeps slots for; the wait for a turn is
+        // not part of the deadline.
+        let _turn = self
+            .describe_turns
+            .acquire()
+            .await
+            .map_err(|_| anyhow::anyhow!("the loader is stopping"))?;
+        let late_before = lock(&self.late_describes).get(stem) == Some(disk);
+        let mut description = self
             .parts
             .runtime
             .describe(compiled, services, &limits)
@@ -390,13 +432,30 @@ impl PluginManager {
                         reason: WaitReason::InstancePool,
                         message: format!("describe waits for an instance slot: {why}"),
                     },
+                    // A busy host can make an honest describe late once: tried again, and refused
+                    // only when late twice for the same content.
+                    CallError::WallTimeout(_) if !late_before => {
+                        lock(&self.late_describes).insert(stem.to_string(), disk.clone());
+                        LoadError::Waiting {
+                            plugin: stem.to_string(),
+                            reason: WaitReason::SlowDescribe,
+                            message: format!(
+                                "describe took longer than its deadline of {deadline:?} (--describe-timeout-seconds): tried once more"
+                            ),
+                        }
+                    }
                     CallError::WallTimeout(_) => anyhow::anyhow!(
-                        "describe failed: it took longer than its deadline of {deadline:?} (--describe-timeout-seconds); a plugin's describe only says what it is, and must not wait on anything"
+                        "describe failed: it took longer than its deadline of {deadline:?} (--describe-timeout-seconds) twice; a plugin's describe only says what it is, and must not wait on anything"
                     )
                     .into(),
                     _ => anyhow::anyhow!("describe failed: {why}").into(),
                 }
             })?;
+        lock(&self.late_describes).remove(stem);
+        // The operator's name for it (NAME.toml) is the one every check below uses.
+        if let Some(name) = &settings.name {
+            description.name = name.clone();
+        }
         let description = Arc::new(description);
         lock(&self.described).insert(stem.to_string(), (disk.clone(), description.clone()));
         Ok(description)
