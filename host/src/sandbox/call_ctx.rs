@@ -196,7 +196,6 @@ impl CallCtx {
         (total, segment)
     }
 
-
     /// Bytes the guest has printed in this store's life.
     pub(crate) fn output_len(&self) -> usize {
         self.stdout.contents().len() + self.stderr.contents().len()

@@ -602,6 +602,8 @@ impl HttpPolicy {
         let left = self.deadline.map_or(DEFAULT_TIMEOUT, |d| {
             d.saturating_duration_since(Instant::now())
         });
+        // A tenth of what is left stays for the request itself and the rest of the call.
+        let left = left.saturating_sub(left / 10);
         self.budget.requests.reserve_within(left).ok_or_else(|| {
             Error::InternalError(Some(format!(
                 "rate limited: plugin {} may send {} outbound HTTP requests per second (burst {}); the next one would go after this call's wall timeout",
