@@ -235,10 +235,11 @@ async fn calls_spinning_to_their_deadline_at_once_owe_about_a_tick_each_not_thei
         let (services, most) = (services.clone(), most.clone());
         tokio::spawn(async move {
             loop {
-                let debt = services.budgets.cpu_debt();
-                let mut m = most.lock().expect("most");
-                *m = (*m).max(debt);
-                drop(m);
+                let debt = services.budgets().cpu_debt();
+                {
+                    let mut m = most.lock().expect("most");
+                    *m = (*m).max(debt);
+                }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })
@@ -266,7 +267,7 @@ async fn calls_spinning_to_their_deadline_at_once_owe_about_a_tick_each_not_thei
         );
     }
     let most = *most.lock().expect("most");
-    let after = services.budgets.cpu_debt();
+    let after = services.budgets().cpu_debt();
     // 8 × 500 ms of guest CPU against a burst of 1 s: charged only at the end, the debt would
     // reach about 3 s (6 s of rest at half a core). Charged at each 5 ms tick, a call that finds
     // the plugin in debt rests there: the debt stays near one tick per call.

@@ -394,6 +394,11 @@ impl Services {
         self
     }
 
+    /// The plugin's budgets.
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
+    }
+
     pub fn plugin_name(&self) -> &str {
         &self.plugin
     }
