@@ -283,3 +283,117 @@ async fn calls_spinning_to_their_deadline_at_once_owe_about_a_tick_each_not_thei
     assert!(took >= Duration::from_secs(5), "{took:?}");
     Ok(())
 }
+
+/// A DNS server on a loopback address of its own that never answers: the source ports of the
+/// queries it received (one socket per lookup of the host's resolver) and how many queries.
+async fn silent_dns() -> Result<(std::net::IpAddr, Arc<Mutex<Vec<u16>>>)> {
+    let mut last = None;
+    for n in 0..20u8 {
+        let ip = std::net::IpAddr::from([127, 0, 53, 10 + n]);
+        match tokio::net::UdpSocket::bind((ip, 53)).await {
+            Ok(socket) => {
+                let seen = Arc::new(Mutex::new(Vec::new()));
+                let log = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1500];
+                    while let Ok((_, from)) = socket.recv_from(&mut buf).await {
+                        log.lock().expect("dns log").push(from.port());
+                    }
+                });
+                return Ok((ip, seen));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(anyhow::anyhow!(
+        "no loopback address for the DNS server: {last:?}"
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lookups_of_a_name_that_never_resolves_stay_within_the_plugins_bound() -> Result<()> {
+    // The host runs as its own process in a mount namespace where /etc/resolv.conf names the
+    // silent server: nothing else on the machine sees that file, and no query leaves loopback.
+    let probe = std::process::Command::new("unshare")
+        .args(["-m", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: `unshare -m` is not permitted here (needs root or user namespaces)");
+        return Ok(());
+    }
+    let (dns, queries) = silent_dns().await?;
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("dns-bound").await?;
+    let dir = temp_dir("dns-bound")?;
+    let resolv = dir.join("resolv.conf.test");
+    // A lookup waits 30 s for the answer that never comes: far longer than the test.
+    std::fs::write(
+        &resolv,
+        format!("nameserver {dns}\noptions timeout:30 attempts:1\n"),
+    )?;
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    std::fs::write(
+        plugins.join("dns.toml"),
+        format!(
+            "name = \"dns-flood\"\nallowed_hosts = [\"never-answers.test\"]\n\
+             [config]\nurl = \"http://never-answers.test/flood\"\ntimeout-ms = \"50\"\nnamespace = \"{}\"\n",
+            ns.name
+        ),
+    )?;
+    install(&plugins, "http-flood", "dns.wasm")?;
+    grant_dir(&plugins).await?;
+    let kubeconfig = env
+        .kubeconfig_path()
+        .ok_or_else(|| anyhow::anyhow!("the test cluster has no kubeconfig file"))?;
+    let log = dir.join("host.log");
+    let mut host = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
+        .arg(&resolv)
+        .arg(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--plugins-dir")
+        .arg(&plugins)
+        .args(["--metrics-addr", "127.0.0.1:0", "--rescan-seconds", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    for name in ["a", "b", "c"] {
+        cms.create(&PostParams::default(), &flood_cm(name)?).await?;
+    }
+    // Three keys, each request giving up after 50 ms and the next one asking again: at the
+    // plugin's 20 requests per second, unbounded lookups would pile up by the hundred.
+    let first = eventually("the first DNS query", Duration::from_secs(60), || async {
+        Ok((!queries.lock().expect("dns log").is_empty()).then_some(()))
+    })
+    .await;
+    if first.is_err() {
+        let _ = host.kill();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: String = text.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+        anyhow::bail!("no DNS query arrived; the host's log ends with:\n{tail}");
+    }
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let ports: Vec<u16> = queries.lock().expect("dns log").clone();
+    let _ = host.kill();
+    let _ = host.wait();
+    let lookups: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+    eprintln!(
+        "the DNS server saw {} queries from {} sockets (lookups) in about 8 s",
+        ports.len(),
+        lookups.len()
+    );
+    // One socket per lookup (A and AAAA go over it); a resolver reopening it for the second
+    // query would make two.
+    assert!(
+        lookups.len() <= 2 * 4,
+        "{} lookups reached the resolver at once: over the plugin's bound of 4",
+        lookups.len()
+    );
+    Ok(())
+}

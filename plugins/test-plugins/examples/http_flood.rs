@@ -5,6 +5,9 @@
 //! rests. It asks for 4 workers. Only ConfigMaps in the namespace of config key `namespace` are
 //! flooded for (others are done at once), so tests running side by side keep their floods apart. When the host refuses a request for its rate, it sets annotation
 //! `wcm.test/http-flood` to `rate-limited: <the error>` (once: the same text is not written again).
+//! Config key `timeout-ms` gives each request a timeout (connect, DNS lookup included), so a flood
+//! of requests to a name that never resolves moves on from one to the next. Besides `127.0.0.1`
+//! it declares the host `never-answers.test`, a name for tests whose DNS server never answers.
 
 use std::time::Duration;
 
@@ -19,10 +22,12 @@ impl Reconciler for HttpFlood {
             .primary(Watch::of::<ConfigMap>().label_selector("wcm.test/http-flood"))
             .permission(Permission::of::<ConfigMap>(&["get", "patch"]))
             .outbound_host("127.0.0.1")
+            .outbound_host("never-answers.test")
             .workers(4)
             .config_key("url")
             .config_key("requests")
             .config_key("namespace")
+            .config_key("timeout-ms")
     }
 
     fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
@@ -40,9 +45,17 @@ impl Reconciler for HttpFlood {
         let reconcile = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
+        let timeout = ctx
+            .config("timeout-ms")
+            .and_then(|t| t.parse().ok())
+            .map(Duration::from_millis);
         let mut refused = None;
         for i in 0..requests {
-            if let Err(e) = ctx.http().get(format!("{url}?r={reconcile}&i={i}")).send() {
+            let mut request = ctx.http().get(format!("{url}?r={reconcile}&i={i}"));
+            if let Some(t) = timeout {
+                request = request.timeout(t);
+            }
+            if let Err(e) = request.send() {
                 // The text without the URL, which differs per request.
                 let text = e.message().split_once(": ").map_or(e.message(), |(_, t)| t);
                 if text.contains("rate limited") && refused.is_none() {
