@@ -1500,6 +1500,39 @@ mod tests {
     }
 
     #[test]
+    fn a_request_over_the_plugins_rate_waits_within_the_call_or_is_refused_at_once() {
+        let mut p = policy(&["neutron"]);
+        p.budget = Arc::new(HttpBudget::new(1.0, 2));
+        p.set_deadline(Instant::now() + Duration::from_millis(2500));
+        // The burst goes at once; the next tokens come after 1 s and 2 s, within nine tenths of
+        // the call's 2.5 s: those requests wait (not awaited here, nothing is sent).
+        assert_eq!(p.rate_token().ok(), Some(Duration::ZERO));
+        assert_eq!(p.rate_token().ok(), Some(Duration::ZERO));
+        for expected in [1000, 2000] {
+            let wait = p.rate_token().expect("within the call");
+            assert!(
+                wait <= Duration::from_millis(expected)
+                    && wait > Duration::from_millis(expected - 100),
+                "{wait:?}"
+            );
+        }
+        // The next one's would come after 3 s: refused now, with the reason, and nothing taken.
+        let e = refuse(&mut p, get("http://neutron/"));
+        assert!(
+            matches!(&e, Error::InternalError(Some(m))
+                if m.contains("rate limited")
+                    && m.contains("1 outbound HTTP requests per second (burst 2)")),
+            "{e}"
+        );
+        assert!(p.rate_token().is_err());
+        // A later call, with time enough, waits its turn instead.
+        p.begin_call();
+        p.set_deadline(Instant::now() + Duration::from_secs(10));
+        let wait = p.rate_token().expect("within the call");
+        assert!(wait > Duration::from_millis(2900), "{wait:?}");
+    }
+
+    #[test]
     fn many_denied_authorities_make_one_series_and_few_log_lines() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         #[derive(Clone)]
