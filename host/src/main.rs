@@ -308,12 +308,25 @@ struct RunArgs {
     /// Burst above --plugin-api-qps (NAME.toml: api_burst).
     #[arg(long, env = "WCM_PLUGIN_API_BURST", default_value_t = 40)]
     plugin_api_burst: u32,
+    /// Outbound HTTP requests per second of one plugin, over all its workers (NAME.toml:
+    /// http_qps; 0: no limit). A request over it waits for its turn, or is refused at once when
+    /// its turn would come after the call's wall timeout.
+    #[arg(long, env = "WCM_PLUGIN_HTTP_QPS", default_value_t = 20.0)]
+    plugin_http_qps: f64,
+    /// Burst above --plugin-http-qps (NAME.toml: http_burst).
+    #[arg(long, env = "WCM_PLUGIN_HTTP_BURST", default_value_t = 40)]
+    plugin_http_burst: u32,
+    /// The shortest requeue-after a plugin gets, milliseconds: a shorter one waits this long and
+    /// takes a token of --retry-qps (NAME.toml: min_requeue_after_ms; 0: none).
+    #[arg(long, env = "WCM_MIN_REQUEUE_AFTER_MS", default_value_t = 1000)]
+    min_requeue_after_ms: u64,
     /// Log lines per second of one plugin (its own and the host's about it); the rest are dropped
     /// and counted.
     #[arg(long, env = "WCM_PLUGIN_LOG_LINES_PER_SECOND", default_value_t = 50.0)]
     plugin_log_lines_per_second: f64,
-    /// Cores of guest CPU one plugin may use on average; a plugin over it waits before its next
-    /// call (NAME.toml: cpu_share; 0: no limit).
+    /// Cores of guest CPU one plugin may use on average, charged as its calls run; a plugin over
+    /// it is paused within its running calls and waits before its next one (NAME.toml:
+    /// cpu_share; 0: no limit).
     #[arg(long, env = "WCM_PLUGIN_CPU_SHARE", default_value_t = 0.25)]
     plugin_cpu_share: f64,
     /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
@@ -509,6 +522,10 @@ impl RunArgs {
             identity.protected.push(ns);
         }
         anyhow::ensure!(
+            self.plugin_http_qps.is_finite() && self.plugin_http_qps >= 0.0,
+            "--plugin-http-qps must be a number of at least 0 (0: no limit)"
+        );
+        anyhow::ensure!(
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
         );
@@ -558,6 +575,9 @@ impl RunArgs {
                 max_instances: self.max_instances_per_plugin.max(1),
                 cpu_share: self.plugin_cpu_share.max(0.0),
                 max_watch_streams: self.max_watch_streams_per_plugin.max(1),
+                http_qps: self.plugin_http_qps.max(0.0),
+                http_burst: self.plugin_http_burst.max(1),
+                min_requeue_after: Duration::from_millis(self.min_requeue_after_ms),
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),

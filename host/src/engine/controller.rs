@@ -668,7 +668,12 @@ impl Worker {
             }
             Ok(Ok(Action::RequeueAfter(ms))) => {
                 self.queue.forget(key);
-                self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                // Never sooner than the plugin's floor: `requeue-after(1 ms)` cannot spin.
+                self.queue.add_requeue_after(
+                    key.clone(),
+                    Duration::from_millis(ms),
+                    v.services.budgets.min_requeue_after,
+                );
                 self.metrics.reconciled(&self.name, "requeue_after", took);
             }
             Ok(Err(e)) if e.terminal => {

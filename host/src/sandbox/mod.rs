@@ -7,6 +7,7 @@
 
 mod call_ctx;
 mod compile_cache;
+pub mod dns;
 mod guest_clock;
 mod host_calls;
 mod host_calls_v0_1;
@@ -414,6 +415,19 @@ impl Runtime {
             if total >= ctx.data().cpu_deadline {
                 return Err(wasmtime::Error::from(Trap::Interrupt));
             }
+            // The plugin's CPU share is charged as the guest runs, not when the call ends: at a
+            // tick that finds the plugin in debt (its other calls included), this call rests until
+            // the debt is paid. The rest is not guest time (the fiber is parked); the wall timeout
+            // still runs.
+            let budgets = &ctx.data().services.budgets;
+            budgets.charge_cpu(segment);
+            let rest = budgets.cpu_debt_wait();
+            if !rest.is_zero() {
+                return Ok(wasmtime::UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(tokio::time::sleep(rest)),
+                ));
+            }
             // Yield to the async runtime after each tick of guest work, so a guest computing up to
             // its deadline never holds a runtime thread for long: informers, API calls, /healthz
             // and the other plugins keep running. A segment shorter than half a tick (the epoch
@@ -447,6 +461,7 @@ impl Runtime {
         let wall = limits.wall_timeout.saturating_sub(started.elapsed());
         let mut store = self.new_store(services.clone(), limits);
         store.data_mut().set_tapes(tapes);
+        store.data_mut().set_deadline(Instant::now() + wall);
         if let Some(m) = services.metrics() {
             m.instantiated(&plugin_name);
         }
@@ -476,7 +491,7 @@ impl Runtime {
         drop(running);
 
         // The whole run counts, its part after the last tick too: most calls end before any tick.
-        services.budgets.charge_cpu(store.data().guest_time());
+        services.budgets.charge_cpu(store.data_mut().tick().1);
         let tapes = store.data_mut().take_tapes();
         (finish(&mut store, &plugin_name, result), tapes)
     }
@@ -544,7 +559,7 @@ impl Runtime {
                     Ok(Ok(p)) => p,
                     Ok(Err(e)) => {
                         let e = classify(e, limits);
-                        services.budgets.charge_cpu(store.data().guest_time());
+                        services.budgets.charge_cpu(store.data_mut().tick().1);
                         return Err(match e {
                             CallError::Trap(t) => CallError::Instantiate(t),
                             other => other,
@@ -552,7 +567,7 @@ impl Runtime {
                     }
                     Err(_) => return Err(CallError::WallTimeout(limits.wall_timeout)),
                 };
-                services.budgets.charge_cpu(store.data().guest_time());
+                services.budgets.charge_cpu(store.data_mut().tick().1);
                 Warm {
                     store,
                     plugin,
@@ -569,6 +584,7 @@ impl Runtime {
         let reused = warm.calls > 0;
         warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
+        warm.store.data_mut().set_deadline(Instant::now() + wall);
         let clock = warm.store.data().clock.clone();
         let running = self.ticker.running();
         let result = tokio::time::timeout(
@@ -583,7 +599,7 @@ impl Runtime {
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
         drop(running);
-        services.budgets.charge_cpu(warm.store.data().guest_time());
+        services.budgets.charge_cpu(warm.store.data_mut().tick().1);
         let result = finish(&mut warm.store, &plugin_name, result);
         let tapes = warm.store.data_mut().take_tapes();
         save_recording(&services, compiled, req, tapes, &result, started_at, reused);
