@@ -168,7 +168,8 @@ pub(super) fn compile_in_child(
     let reported = serde_json::from_slice::<serde_json::Value>(&out)
         .ok()
         .and_then(|v| v["peak_rss_bytes"].as_u64());
-    let peak = reported.unwrap_or(0).max(polled_peak);
+    // The child's own reading is exact; the polled one may miss the last 10 ms.
+    let peak = reported.unwrap_or(polled_peak);
     tracing::debug!(
         peak_rss_mib = peak >> 20,
         millis = started.elapsed().as_millis() as u64,
