@@ -804,7 +804,10 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
                 "memory cgroup: limit {} MiB, peak usage {} MiB (host and compile children), OOM kills {kills}; host RSS now {} MiB",
                 limit >> 20,
                 peak >> 20,
-                proc_status(host.pid(), "VmRSS")?.first().cloned().unwrap_or_default()
+                proc_status(host.pid(), "VmRSS")?
+                    .first()
+                    .cloned()
+                    .unwrap_or_default()
                     .parse::<u64>()
                     .unwrap_or(0)
                     >> 10

@@ -190,12 +190,15 @@ fn compile_through_private_dir(
         N.fetch_add(1, Ordering::Relaxed)
     ));
     // Not recursive: the name must be new, so nothing prepared by another user is used.
-    DirBuilder::new().mode(0o700).create(&dir).with_context(|| {
-        format!(
-            "no --compile-cache given, and no private directory for the compile could be made in {} (set TMPDIR, or give --compile-cache)",
+    if let Err(e) = DirBuilder::new().mode(0o700).create(&dir) {
+        // E.g. `inspect` run in the Pod, whose root (and /tmp) is read-only: better a compile in
+        // this short-lived process than none.
+        tracing::warn!(
+            "compiling in this process: no usable --compile-cache, and no private directory for a compile child could be made in {} ({e}; set TMPDIR or give --compile-cache)",
             std::env::temp_dir().display()
-        )
-    })?;
+        );
+        return Ok(Loaded::compiled_here(compile(engine, wasm)?));
+    }
     let result = (|| {
         let meta = std::fs::symlink_metadata(&dir)?;
         check_owner_and_mode(&meta, euid)
