@@ -797,7 +797,9 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
     )
     .await;
     // The Deployment's memory limit held every compile and the load: no OOM kill, the host up.
-    if let (Ok(()), Some(cg), Some(limit)) = (&result, &cgroup, spec.memory_limit) {
+    if result.is_ok()
+        && let (Some(cg), Some(limit)) = (&cgroup, spec.memory_limit)
+    {
         result = (|| {
             let (kills, peak) = (cg.oom_kills()?, cg.max_usage()?);
             println!(
