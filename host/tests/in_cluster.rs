@@ -6,7 +6,10 @@
 //! root of its own (the image: `/usr/local/bin/wasm-controller-manager`, the plugins in `/plugins`),
 //! read-only, with the ServiceAccount token from the TokenRequest API at the standard path, the
 //! `emptyDir` volumes, the container's args and env, `runAsUser`/`runAsGroup`, no capabilities and
-//! no privilege escalation; no kubeconfig, so the host takes the in-cluster configuration.
+//! no privilege escalation; no kubeconfig, so the host takes the in-cluster configuration; and,
+//! where this machine has a writable cgroup-v1 memory controller, a memory cgroup with the
+//! container's `resources.limits.memory`, in which it runs the shipped plugins plus two that parse
+//! typed Pods (the heaviest compiles measured) with no OOM kill.
 //!
 //! What the API server saw (its audit log) proves the rest: pod-counter labels a control-plane Node
 //! and records events, the network plugin reads its Secret and creates its network in the real
@@ -796,26 +799,19 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
         env, &client, &os, &ns.name, &spec, &moved, metrics, &mut host, &token, mark,
     )
     .await;
-    // The Deployment's memory limit held every compile and the load: no OOM kill, the host up.
+    // The Deployment's memory limit held every compile and the whole run (run_checks saw the
+    // host serve to the end, then stopped it): no OOM kill in its cgroup.
     if result.is_ok()
         && let (Some(cg), Some(limit)) = (&cgroup, spec.memory_limit)
     {
         result = (|| {
             let (kills, peak) = (cg.oom_kills()?, cg.max_usage()?);
             println!(
-                "memory cgroup: limit {} MiB, peak usage {} MiB (host and compile children), OOM kills {kills}; host RSS now {} MiB",
+                "memory cgroup: limit {} MiB, peak usage {} MiB (the host and its compile children), OOM kills {kills}",
                 limit >> 20,
                 peak >> 20,
-                proc_status(host.pid(), "VmRSS")?
-                    .first()
-                    .cloned()
-                    .unwrap_or_default()
-                    .parse::<u64>()
-                    .unwrap_or(0)
-                    >> 10
             );
             ensure!(kills == 0, "{kills} OOM kills under the Deployment's limit");
-            ensure!(host.exited()?.is_none(), "the host exited");
             Ok(())
         })();
     }
