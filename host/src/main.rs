@@ -29,6 +29,16 @@ struct Cli {
     /// Same as --log-format json.
     #[arg(long, global = true, hide = true)]
     log_json: bool,
+    /// Plugins are compiled in a short-lived child process of this binary, one at a time, so the
+    /// compile's memory is given back when it exits; a compile whose peak RSS passes this many
+    /// MiB is stopped, and that plugin fails with the reason.
+    #[arg(
+        long,
+        env = "WCM_MAX_COMPILE_MEMORY_MB",
+        global = true,
+        default_value_t = wasm_controller_manager::sandbox::compiler::DEFAULT_MAX_COMPILE_MEMORY_MB
+    )]
+    max_compile_memory_mb: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,6 +81,25 @@ enum Command {
     },
     /// Print the version and the plugin contract (WIT) versions this host serves.
     Version,
+    /// The compile child: reads a component on stdin, writes its artifact (internal).
+    #[command(name = "compile-worker", hide = true)]
+    CompileWorker {
+        #[arg(long)]
+        artifact: PathBuf,
+        /// The host engine's key; without it no check (measurements only).
+        #[arg(long)]
+        engine_key: Option<String>,
+        /// wasmtime's parallel compilation (off: a lower peak, and the child leaves the other
+        /// cores to the running plugins; docs/decisions.md).
+        #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+        parallel_compilation: bool,
+        /// Cranelift's level (none, speed, speed-and-size), for measurements only.
+        #[arg(long)]
+        opt_level: Option<String>,
+        /// Cranelift's register allocator (backtracking, single-pass), for measurements only.
+        #[arg(long)]
+        regalloc: Option<String>,
+    },
 }
 
 /// Where the plugins' identities live (the same for `run` and `rbac`).
@@ -613,6 +642,31 @@ fn main() -> ExitCode {
     } else {
         builder.init();
     }
+    if let Command::CompileWorker {
+        artifact,
+        engine_key,
+        parallel_compilation,
+        opt_level,
+        regalloc,
+    } = &cli.command
+    {
+        return compile_worker(
+            artifact,
+            engine_key,
+            *parallel_compilation,
+            opt_level.as_deref(),
+            regalloc.as_deref(),
+        );
+    }
+    if cli.max_compile_memory_mb < 16 {
+        eprintln!("error: --max-compile-memory-mb must be at least 16");
+        return ExitCode::FAILURE;
+    }
+    wasm_controller_manager::sandbox::compiler::compile_in_child_process(
+        wasm_controller_manager::sandbox::compiler::ChildCompile::this_binary(
+            cli.max_compile_memory_mb << 20,
+        ),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -659,6 +713,9 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 })
             }
+            Command::CompileWorker { .. } => {
+                anyhow::bail!("compile-worker runs before the async runtime starts")
+            }
             Command::Inspect { plugin, json } => {
                 let report =
                     wasm_controller_manager::loading::inspect::inspect(&plugin, json).await?;
@@ -669,6 +726,50 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The compile child (`sandbox/compiler.rs`): no async runtime, no plugin directory.
+fn compile_worker(
+    artifact: &std::path::Path,
+    engine_key: &Option<String>,
+    parallel_compilation: bool,
+    opt_level: Option<&str>,
+    regalloc: Option<&str>,
+) -> ExitCode {
+    use wasm_controller_manager::sandbox::compiler::{WorkerArgs, worker_main};
+    let opt_level = match opt_level {
+        None => None,
+        Some("none") => Some(wasmtime::OptLevel::None),
+        Some("speed") => Some(wasmtime::OptLevel::Speed),
+        Some("speed-and-size") => Some(wasmtime::OptLevel::SpeedAndSize),
+        Some(other) => {
+            eprintln!("error: --opt-level {other:?}: none, speed or speed-and-size");
+            return ExitCode::FAILURE;
+        }
+    };
+    let regalloc = match regalloc {
+        None => None,
+        Some("backtracking") => Some(wasmtime::RegallocAlgorithm::Backtracking),
+        Some("single-pass") => Some(wasmtime::RegallocAlgorithm::SinglePass),
+        Some(other) => {
+            eprintln!("error: --regalloc {other:?}: backtracking or single-pass");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = WorkerArgs {
+        artifact: artifact.to_path_buf(),
+        engine_key: engine_key.clone(),
+        parallel_compilation,
+        opt_level,
+        regalloc,
+    };
+    match worker_main(&args) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -7,6 +7,7 @@
 
 mod call_ctx;
 mod compile_cache;
+pub mod compiler;
 pub mod dns;
 mod guest_clock;
 mod host_calls;
@@ -58,6 +59,10 @@ pub struct RuntimeSettings {
     pub keep_resident: usize,
     /// How a pooled memory is put back to its initial contents after an instance.
     pub memory_reset: MemoryReset,
+    /// Compile in a child process of this binary, within its bounds (`compiler.rs`); `None`:
+    /// compile in this process. The default is the process's (`compiler::process_default`: the
+    /// binary sets it, a library user compiles in its own process).
+    pub child_compile: Option<compiler::ChildCompile>,
 }
 
 /// How the kept-resident part of a linear memory is reset between instances.
@@ -127,8 +132,18 @@ impl Default for RuntimeSettings {
             max_memory: 256 << 20,
             keep_resident: 2 << 20,
             memory_reset: MemoryReset::Auto,
+            child_compile: compiler::process_default(),
         }
     }
+}
+
+/// What decides the compiled code, and so the engine's compatibility hash: shared by the runtime
+/// and the compile child (`compiler.rs`), which refuses to compile when the hashes differ.
+pub(crate) fn code_config() -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    config
 }
 
 /// The engine and the linker with every host function.
@@ -151,6 +166,8 @@ pub struct Compiled {
     /// Time to compile, or to load the precompiled artifact.
     pub load_time: Duration,
     pub from_cache: bool,
+    /// Peak RSS of the compile, bytes, when a child process compiled it.
+    pub compile_peak: Option<u64>,
     pub component: Component,
 }
 
@@ -184,9 +201,7 @@ pub enum CallError {
 
 impl Runtime {
     pub fn new(settings: RuntimeSettings) -> Result<Self> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        config.epoch_interruption(true);
+        let mut config = code_config();
         // One slot per concurrently live component instance, and for each slot room for a
         // component of the largest size allowed (pool.rs): only component-instance slots are
         // ever scarce, and those are shared out by `InstancePool`. A component over the
@@ -266,13 +281,24 @@ impl Runtime {
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
         let sha256 = compile_cache::sha256_hex(wasm);
-        let (component, from_cache) = compile_cache::load_or_compile(
+        let loaded = compile_cache::load_or_compile(
             &self.engine,
             self.settings.compile_cache.as_deref(),
             &sha256,
             wasm,
+            self.settings.child_compile.as_ref(),
         )
         .map_err(pool::too_large)?;
+        let component = loaded.component;
+        if let Some(peak) = loaded.compile_peak {
+            tracing::info!(
+                sha256 = %sha256,
+                bytes = wasm.len(),
+                millis = started.elapsed().as_millis() as u64,
+                compile_peak_rss_mib = peak >> 20,
+                "component compiled in a child process"
+            );
+        }
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.2.0 or @0.1.0): {e:#}")
         })?;
@@ -282,7 +308,8 @@ impl Runtime {
             sha256,
             size: wasm.len(),
             load_time: started.elapsed(),
-            from_cache,
+            from_cache: loaded.from_cache,
+            compile_peak: loaded.compile_peak,
             component,
         })
     }
