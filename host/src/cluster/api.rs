@@ -8,6 +8,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 
 use super::discovery::{Discovery, Resolved};
+use super::tenure::{Cut, Tenure};
 use crate::contract::{KindRef, PatchType, Propagation};
 use crate::engine::rate_limit::TokenBucket;
 
@@ -213,24 +214,38 @@ impl ApiAccess {
     }
 
     /// Makes one API call with `client` (the plugin's identity); bodies and answers are JSON text.
-    /// A write passes `leading`: it is sent only if this replica still leads the plugin once its
-    /// turn in the host-wide bucket comes (a Lease may move while it waits).
+    /// A write passes its `tenure`: it is sent only if this replica still leads the plugin once
+    /// its turn in the host-wide bucket comes (a Lease may move while it waits), and it is cut at
+    /// the end of that tenure, so it is never in flight after another replica may lead.
     pub async fn call(
         &self,
         client: &kube::Client,
         plugin: &str,
         r: &Resolved,
         req: &ApiRequest<'_>,
-        leading: Option<&tokio::sync::watch::Receiver<bool>>,
+        tenure: Option<&Arc<Tenure>>,
     ) -> Result<String, ApiFailure> {
         self.limit.acquire().await;
-        if leading.is_some_and(|l| !*l.borrow()) {
-            return Err(ApiFailure::not_leader());
-        }
+        let pass = match tenure {
+            Some(t) => Some(t.begin().ok_or_else(ApiFailure::not_leader)?),
+            None => None,
+        };
         let fut = Self::call_inner(client, plugin, r, req);
-        match tokio::time::timeout(self.timeout, fut).await {
+        let out = match &pass {
+            Some(p) => p.run(self.timeout, fut).await,
+            None => tokio::time::timeout(self.timeout, fut)
+                .await
+                .map_err(|_| Cut { by_tenure: false }),
+        };
+        match out {
             Ok(r) => r,
-            Err(_) => Err(ApiFailure::new(
+            Err(Cut { by_tenure: true }) => Err(ApiFailure::new(
+                0,
+                "Timeout",
+                "no answer from the API server before this replica's lease ran out: the write \
+                 was abandoned (the key is retried by the leader)",
+            )),
+            Err(Cut { by_tenure: false }) => Err(ApiFailure::new(
                 0,
                 "Timeout",
                 format!("no answer from the API server within {:?}", self.timeout),

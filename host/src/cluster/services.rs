@@ -225,9 +225,10 @@ pub struct Reach {
     pub events: EventSink,
     pub secrets: BTreeMap<String, String>,
     pub metrics: Arc<Metrics>,
-    /// True while this replica leads: a reconcile still running when leadership goes may read,
-    /// but its writes are refused, so two replicas never write for one plugin at once.
-    pub leading: tokio::sync::watch::Receiver<bool>,
+    /// When this replica may write for the plugin: a reconcile still running when leadership
+    /// goes may read, but its writes are refused (and those in flight cut at the tenure's end),
+    /// so two replicas never write for one plugin at once.
+    pub tenure: Arc<crate::cluster::tenure::Tenure>,
 }
 
 /// Everything a plugin's host calls can use. Built once per loaded plugin and shared by its calls;
@@ -374,7 +375,7 @@ impl Services {
             req.verb,
             crate::cluster::api::Verb::Get | crate::cluster::api::Verb::List
         );
-        if writes && !*reach.leading.borrow() {
+        if writes && !reach.tenure.is_open() {
             return Err(ApiFailure::not_leader());
         }
         if let Err(e) = check_request(req) {
@@ -438,7 +439,7 @@ impl Services {
                 &self.plugin,
                 &resolved,
                 req,
-                writes.then_some(&reach.leading),
+                writes.then_some(&reach.tenure),
             )
             .await
     }
@@ -451,7 +452,7 @@ impl Services {
             tracing::debug!(plugin = %self.plugin, "event dropped: events are not available while describing");
             return;
         };
-        if !*reach.leading.borrow() {
+        if !reach.tenure.is_open() {
             tracing::debug!(plugin = %self.plugin, "event dropped: this replica no longer leads");
             return;
         }
