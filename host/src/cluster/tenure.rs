@@ -1,9 +1,10 @@
 //! When this replica may write for a plugin: its *tenure* of the Lease the plugin follows.
 //!
 //! A tenure is open from a successful renewal until the renew deadline after it (the moment the
-//! elector itself stops leading), and closed early when the replica gives the Lease up. Every
-//! write made for a plugin (an API call, an event write, each retry) takes a [`WritePass`] when it
-//! is sent, and the pass cuts the request at the end of the tenure it started in:
+//! elector itself stops leading), each renewal moving its end on, and closed early when the
+//! replica gives the Lease up. Every write made for a plugin (an API call, an event write, each
+//! retry) takes a [`WritePass`] when it is sent, and the pass cuts the request once the tenure has
+//! ended (a write that outlives a renewal goes on; only its own timeout bounds it then):
 //!
 //! - **A lost Lease** (renewals fail): every write has ended, on this replica's side, by the last
 //!   renewal's send time plus the renew deadline. A standby takes the Lease no sooner than the lease
@@ -11,9 +12,9 @@
 //!   for the leader to stop) is left for clock-rate differences and for a request the API server
 //!   was still finishing when the host dropped it.
 //! - **A Lease given up** (the plugin stopped or over this replica's share, or a shutdown): the
-//!   tenure closes first (no new write starts), the release waits until the writes in flight have
-//!   ended ([`Tenure::idle`], bounded by the same deadline), and only then is the Lease written
-//!   free.
+//!   tenure closes first (no new write starts, and it is renewed no more), the release waits until
+//!   the writes in flight have ended ([`Tenure::idle`], bounded by the tenure's end), and only then
+//!   is the Lease written free.
 //!
 //! So no write of this replica for a plugin is still on its way after another replica could have
 //! taken the plugin's Lease. Without an election the tenure is open and unbounded.
@@ -42,7 +43,6 @@ struct State {
 /// A write's right to be in flight: it counts in [`Tenure::idle`] until dropped.
 pub struct WritePass {
     tenure: Arc<Tenure>,
-    deadline: Option<Instant>,
 }
 
 /// A write cut at the end of its tenure or its own timeout.
@@ -120,7 +120,6 @@ impl Tenure {
         s.writes += 1;
         Some(WritePass {
             tenure: self.clone(),
-            deadline: s.until,
         })
     }
 
@@ -140,25 +139,36 @@ impl Tenure {
 }
 
 impl WritePass {
-    /// The end of the tenure this write started in (`None`: unbounded).
+    /// When the tenure ends as things stand (`None`: unbounded); renewals move it on.
     pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
+        self.tenure.end()
     }
 
-    /// Runs `write`, cut at `timeout` from now or at the tenure's end, whichever comes first.
+    /// Runs `write`, cut at `timeout` from now or once the tenure has ended, whichever comes
+    /// first.
     pub async fn run<T>(
         &self,
         timeout: Duration,
         write: impl std::future::Future<Output = T>,
     ) -> Result<T, Cut> {
         let own = Instant::now() + timeout;
-        let (at, by_tenure) = match self.deadline {
-            Some(d) if d < own => (d, true),
-            _ => (own, false),
-        };
-        tokio::time::timeout_at(at, write)
-            .await
-            .map_err(|_| Cut { by_tenure })
+        tokio::pin!(write);
+        loop {
+            let end = self.deadline();
+            let wake = end.map_or(own, |e| e.min(own));
+            tokio::select! {
+                out = &mut write => return Ok(out),
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+            let now = Instant::now();
+            if now >= own {
+                return Err(Cut { by_tenure: false });
+            }
+            // Renewed meanwhile: the write goes on until the new end.
+            if self.deadline().is_some_and(|e| e <= now) {
+                return Err(Cut { by_tenure: true });
+            }
+        }
     }
 }
 
@@ -178,14 +188,24 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_write_never_outlives_the_tenure_it_started_in() {
+    async fn a_write_lives_while_the_tenure_is_renewed_and_is_cut_when_it_ends() {
         let t = Tenure::closed();
         assert!(t.begin().is_none(), "a closed tenure lets no write start");
-        let end = Instant::now() + Duration::from_secs(4);
-        t.open_until(end);
+        let renew_deadline = Duration::from_secs(4);
+        t.open_until(Instant::now() + renew_deadline);
         let pass = t.begin().expect("open");
-        assert_eq!(pass.deadline(), Some(end));
-        // A write that would take a minute is cut at the tenure's end, not at its own timeout.
+        // Renewed every second for 6 s, then no more (the renewals fail).
+        let renewer = tokio::spawn({
+            let t = t.clone();
+            async move {
+                for _ in 0..6 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    t.open_until(Instant::now() + renew_deadline);
+                }
+            }
+        });
+        // A write that would take a minute outlives the first end (4 s) and is cut at the renew
+        // deadline of the last renewal (6 s + 4 s), not at its own timeout.
         let started = Instant::now();
         let cut = pass
             .run(
@@ -194,10 +214,20 @@ mod tests {
             )
             .await;
         assert_eq!(cut, Err(Cut { by_tenure: true }));
-        assert_eq!(started.elapsed(), Duration::from_secs(4));
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        renewer.await.expect("renewer");
         drop(pass);
         assert!(t.begin().is_none(), "past its end no write starts");
         assert!(!t.is_open());
+        // A quick write is not touched; a slow one is cut by its own timeout first.
+        t.open_until(Instant::now() + renew_deadline);
+        let pass = t.begin().expect("open again");
+        assert_eq!(pass.run(Duration::from_secs(1), async { 7 }).await, Ok(7));
+        let slow = pass.run(
+            Duration::from_secs(1),
+            tokio::time::sleep(Duration::from_secs(2)),
+        );
+        assert_eq!(slow.await, Err(Cut { by_tenure: false }));
     }
 
     #[tokio::test(start_paused = true)]
