@@ -77,7 +77,7 @@ pub struct CallOptions {
     pub field_selector: Option<String>,
     pub limit: Option<u32>,
     pub continue_token: Option<String>,
-    /// Appended to the plugin's name: the field manager is "NAME-SUFFIX".
+    /// Appended to the plugin's name: the field manager is `wcm:NAME:SUFFIX`.
     pub field_manager_suffix: Option<String>,
     /// Server-side apply only.
     pub force: bool,
@@ -101,14 +101,23 @@ impl CallOptions {
         precondition_resource_version: None,
     };
 
-    /// The field manager of the plugin's writes.
+    /// The field manager of the plugin's writes: `wcm:NAME`, or `wcm:NAME:SUFFIX`. The fixed
+    /// prefix and the `:` (which neither a plugin name nor a suffix holds) keep a plugin from
+    /// writing as another controller (`kube-controller-manager`) or as another plugin.
     pub fn field_manager(&self, plugin: &str) -> String {
         match &self.field_manager_suffix {
-            Some(suffix) => format!("{plugin}-{suffix}"),
-            None => plugin.to_string(),
+            Some(suffix) => format!("{FIELD_MANAGER_PREFIX}{plugin}:{suffix}"),
+            None => format!("{FIELD_MANAGER_PREFIX}{plugin}"),
         }
     }
 }
+
+/// What every field manager of a plugin starts with.
+pub const FIELD_MANAGER_PREFIX: &str = "wcm:";
+
+/// The longest field-manager suffix: with the prefix, a plugin name (a DNS label of at most 63)
+/// and the `:`, the API server's 128.
+pub const MAX_FIELD_MANAGER_SUFFIX: usize = 128 - FIELD_MANAGER_PREFIX.len() - 63 - 1;
 
 /// An API error as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,6 +278,7 @@ impl ApiAccess {
             ..
         } = *req;
         let manager = options.field_manager(plugin);
+        let own = CallOptions::NONE.field_manager(plugin);
         let dry_run = options.dry_run;
         let api = Self::api(client, r, namespace)?;
         let name = || name.ok_or_else(|| ApiFailure::bad_request("a name is required"));
@@ -305,7 +315,7 @@ impl ApiAccess {
                 to_text(
                     &api.create(
                         &PostParams {
-                            field_manager: Some(plugin.into()),
+                            field_manager: Some(own),
                             ..Default::default()
                         },
                         &obj,
@@ -318,7 +328,7 @@ impl ApiAccess {
                 let obj: DynamicObject = serde_json::from_value(json()?)
                     .map_err(|e| ApiFailure::bad_request(format!("not an object: {e}")))?;
                 let pp = PostParams {
-                    field_manager: Some(plugin.into()),
+                    field_manager: Some(own),
                     ..Default::default()
                 };
                 let out = match subresource {
@@ -386,6 +396,45 @@ mod erased {
     impl<T: serde::Serialize> Ser for T {
         fn to_json(&self) -> serde_json::Result<String> {
             serde_json::to_string(self)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(plugin: &str, suffix: Option<&str>) -> String {
+        CallOptions {
+            field_manager_suffix: suffix.map(str::to_string),
+            ..CallOptions::default()
+        }
+        .field_manager(plugin)
+    }
+
+    #[test]
+    fn a_plugin_never_writes_as_another_controller_or_another_plugin() {
+        // Once "kube-controller-manager"; now unmistakably the plugin's.
+        assert_eq!(
+            manager("kube", Some("controller-manager")),
+            "wcm:kube:controller-manager"
+        );
+        assert_eq!(manager("kubectl", None), "wcm:kubectl");
+        // Two plugins whose names and suffixes once made the same manager.
+        assert_ne!(manager("a-b", Some("c")), manager("a", Some("b-c")));
+        assert_ne!(manager("a-b", None), manager("a", Some("b")));
+        // The longest name and suffix stay within the API server's 128.
+        let longest = manager(&"n".repeat(63), Some(&"s".repeat(MAX_FIELD_MANAGER_SUFFIX)));
+        assert_eq!(longest.len(), 128);
+        for (plugin, suffix) in [("p", None), ("p", Some("x")), ("q-r", Some("s-t"))] {
+            let m = manager(plugin, suffix);
+            // The plugin's part reads back: prefix, name, then the suffix after a ':'.
+            let rest = m.strip_prefix(FIELD_MANAGER_PREFIX).expect("prefixed");
+            let (name, s) = match rest.split_once(':') {
+                Some((n, s)) => (n, Some(s)),
+                None => (rest, None),
+            };
+            assert_eq!((name, s), (plugin, suffix));
         }
     }
 }

@@ -572,16 +572,17 @@ fn check_options(o: &CallOptions, verb: Verb) -> Result<(), Invalid> {
         printable("continue token", t, 8192)?;
     }
     if let Some(m) = &o.field_manager_suffix {
-        // With the plugin's name (a DNS label of at most 63) and '-', within the API server's 128.
+        // `wcm:NAME:SUFFIX`: no ':' in it, and within the API server's 128.
+        let max = crate::cluster::api::MAX_FIELD_MANAGER_SUFFIX;
         let ok = !m.is_empty()
-            && m.len() <= 63
+            && m.len() <= max
             && m.chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         if !ok {
             return Err(Invalid::new(
                 "field manager suffix",
                 m,
-                "must be 1-63 lowercase letters, digits and '-'",
+                format!("must be 1-{max} lowercase letters, digits and '-'"),
             ));
         }
     }
@@ -686,11 +687,16 @@ mod option_tests {
         };
         assert!(ok(deleting.clone(), Verb::Delete));
         assert!(!ok(deleting, merge), "propagation is for delete only");
+        let longest = "s".repeat(60);
+        let too_long = "s".repeat(61);
         for (suffix, good) in [
             ("labels", true),
             ("", false),
             ("Bad", false),
             ("a b", false),
+            ("a:b", false),
+            (longest.as_str(), true),
+            (too_long.as_str(), false),
         ] {
             let o = CallOptions {
                 field_manager_suffix: Some(suffix.into()),
