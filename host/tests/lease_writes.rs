@@ -261,7 +261,7 @@ async fn no_write_as_a_plugin_leaves_the_old_holder_after_its_lease_moves() -> R
     // Whatever the old holder still had on its way lands (or not) within the hold.
     tokio::time::sleep(HOLD + Duration::from_secs(3)).await;
     let sent = no_write_after_the_hand_off(
-        &env,
+        env,
         mark,
         &lease_ns.name,
         MOVED,
@@ -289,7 +289,7 @@ async fn no_write_as_a_plugin_leaves_the_old_holder_after_its_lease_moves() -> R
     let first_again = held_by(&leases, MOVED, "first").await?;
     tokio::time::sleep(HOLD + Duration::from_secs(3)).await;
     let sent = no_write_after_the_hand_off(
-        &env,
+        env,
         mark,
         &lease_ns.name,
         MOVED,
