@@ -921,8 +921,8 @@ mod tests {
             new: object(&owners),
         };
         let (keys, dropped) = keys_for(&any_owner, &created);
-        assert_eq!(keys.len(), MAX_KEYS_PER_CHANGE);
-        assert_eq!(dropped, 500 - MAX_KEYS_PER_CHANGE);
+        assert_eq!(keys.len(), 32);
+        assert_eq!(dropped, 500 - 32);
         // The first references, in the object's order.
         assert_eq!(keys.first(), Some(&Key::new(Some("a"), "d000")));
         assert_eq!(keys.last(), Some(&Key::new(Some("a"), "d031")));
