@@ -13,6 +13,12 @@
 //!    the moment the host starts that Pod's reconcile in a plugin (the host's debug log line,
 //!    timestamped in microseconds on the same clock).
 //!
+//! 0. A plugin that reads its objects: the host with `typed-pod-noop` (each Pod parsed into the
+//!    k8s-openapi `Pod`) compiled cold (no compile cache) and from a warm cache, beside the host
+//!    with `noop`: peak and idle RSS once loaded, RSS after a burst of 2,000 Pods, CPU per event,
+//!    the compile child's peak; and the compile peak of each shipped plugin (`inspect`, no cache).
+//!    `--typed-only` runs this phase alone.
+//!
 //! Run: `scripts/bench-compare` (builds the plugins, then
 //! `cargo bench -p wasm-controller-manager --bench compare`; about 5 minutes; prints a report).
 
@@ -39,6 +45,7 @@ const PACED_PER_SECOND: f64 = 200.0;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let typed_only = args.iter().any(|a| a == "--typed-only");
     if let Some(i) = args.iter().position(|a| a == "--native-baseline") {
         let kubeconfig = args.get(i + 1).expect("--native-baseline KUBECONFIG");
         native_baseline(Path::new(kubeconfig));
@@ -49,7 +56,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run());
+    rt.block_on(run(typed_only));
 }
 
 /// The native baseline: a kube-runtime `Controller` over every Pod with a no-op reconcile, on a
@@ -110,6 +117,18 @@ impl Host {
 
     /// Starts it with a log filter of its own.
     fn start_logging(env: &testenv::TestEnv, dir: &Path, tag: &str, filter: &str) -> Host {
+        let cache = std::env::temp_dir().join(common::COMPILE_CACHE);
+        Host::start_with(env, dir, tag, filter, Some(&cache))
+    }
+
+    /// Starts it with a log filter and a compile cache of its own (`None`: no cache given).
+    fn start_with(
+        env: &testenv::TestEnv,
+        dir: &Path,
+        tag: &str,
+        filter: &str,
+        cache: Option<&Path>,
+    ) -> Host {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!(
@@ -117,8 +136,8 @@ impl Host {
             std::process::id()
         ));
         let out = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(host_binary())
-            .arg("--log")
+        let mut cmd = Command::new(host_binary());
+        cmd.arg("--log")
             .arg(filter)
             .arg("--log-format")
             .arg("json")
@@ -126,9 +145,11 @@ impl Host {
             .arg("--kubeconfig")
             .arg(env.kubeconfig_path().expect("kubeconfig"))
             .arg("--plugins-dir")
-            .arg(dir)
-            .arg("--compile-cache")
-            .arg(std::env::temp_dir().join(common::COMPILE_CACHE))
+            .arg(dir);
+        if let Some(cache) = cache {
+            cmd.arg("--compile-cache").arg(cache);
+        }
+        let child = cmd
             .arg("--metrics-addr")
             .arg(&addr)
             .stdout(out.try_clone().expect("log file"))
@@ -343,9 +364,236 @@ fn report_row(what: &str, cpu: f64, rss: f64, native_cpu: f64) {
     );
 }
 
-async fn run() {
+/// Peak resident memory of a process so far (VmHWM), MiB.
+fn peak_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// A plugins directory with one file of the test plugin `name`, granted its RBAC.
+async fn single_plugin_dir(env: &testenv::TestEnv, tag: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wcm-bench-compare-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::copy(artifact(name), dir.join(format!("{tag}.wasm"))).expect("copy plugin");
+    std::fs::write(
+        dir.join(format!("{tag}.toml")),
+        format!("name = \"{tag}\"\n"),
+    )
+    .expect("toml");
+    granted(env, &dir).await;
+    dir
+}
+
+/// The peak RSS of each compile child a host logged (`component compiled in a child process`).
+fn child_compile_peaks(log: &Path) -> Vec<f64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "component compiled in a child process")
+        .filter_map(|v| v["fields"]["compile_peak_rss_mib"].as_f64())
+        .collect()
+}
+
+/// `inspect` of a plugin file (which compiles it, with no cache): the inspect process's own peak
+/// RSS (its VmHWM, read every 10 ms until it exits: a build that compiles in its own process peaks
+/// here), and the compile child's peak and the inspect process's own as the build reports them,
+/// MiB; and the wall time. (Not `wait4`'s maxrss: a child forked from this large process starts
+/// with this process's peak.)
+fn inspect_peak(path: &Path) -> (f64, Option<f64>, Option<f64>, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(host_binary())
+        .arg("inspect")
+        .arg("--json")
+        .arg(path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start inspect");
+    let stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        if let Some(mut o) = stdout {
+            let _ = o.read_to_string(&mut out);
+        }
+        out
+    });
+    let mut polled: f64 = 0.0;
+    while matches!(child.try_wait(), Ok(None)) {
+        polled = polled.max(peak_mib(child.id()));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let wall = started.elapsed();
+    let out = reader.join().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let mib = |b: &serde_json::Value| b.as_f64().map(|b| b / f64::from(1 << 20));
+    (
+        polled,
+        mib(&v["compilePeakRssBytes"]),
+        mib(&v["processPeakRssBytes"]),
+        wall,
+    )
+}
+
+/// What the typed phase measured of one host.
+struct TypedRow {
+    what: &'static str,
+    /// VmHWM once its plugin runs: the host process's peak over the load, compile included when
+    /// it compiles in its own process.
+    load_peak: f64,
+    idle: f64,
+    after_burst: f64,
+    cpu: f64,
+    child_peak: Option<f64>,
+}
+
+/// The host with a plugin that reads its objects (`typed-pod-noop`: every Pod parsed into the
+/// k8s-openapi `Pod`, as real plugins do) beside the host with `noop`, in one run: `noop` from the
+/// warm cache, the typed plugin with no compile cache (it compiles at start: cold) and from a
+/// warm cache. RSS once loaded (idle), after a burst of 2,000 Pods, CPU per event; then the
+/// compile peak of each shipped plugin (`inspect`, no cache).
+async fn typed_beside_noop(env: &testenv::TestEnv, client: &kube::Client) {
+    let noop = noop_dir(env, "tnoop", 1, "").await;
+    let typed = single_plugin_dir(env, "typed", "typed_pod_noop").await;
+    // A cache of its own, filled by a host that is then stopped.
+    let warm_cache = std::env::temp_dir().join(format!(
+        "wcm-bench-compare-{}-typed-cache",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&warm_cache);
+    let filler = Host::start_with(env, &typed, "typed-fill", "warn", Some(&warm_cache));
+    wait_until("the typed plugin's cache", Duration::from_secs(300), || {
+        filler.running_plugins() >= 1
+    })
+    .await;
+    filler.stop();
+
+    let compile_line = "warn,wasm_controller_manager::sandbox=info";
+    let hosts = [
+        (
+            "host, `noop` (warm cache)",
+            Host::start_logging(env, &noop, "tnoop", compile_line),
+        ),
+        (
+            "host, `typed-pod-noop`, cold (no compile cache)",
+            Host::start_with(env, &typed, "typed-cold", compile_line, None),
+        ),
+        (
+            "host, `typed-pod-noop`, warm cache",
+            Host::start_with(env, &typed, "typed-warm", compile_line, Some(&warm_cache)),
+        ),
+    ];
+    wait_until("the three hosts running", Duration::from_secs(300), || {
+        hosts.iter().all(|(_, h)| h.running_plugins() >= 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let load_peak: Vec<f64> = hosts.iter().map(|(_, h)| peak_mib(h.pid())).collect();
+    let idle: Vec<f64> = hosts.iter().map(|(_, h)| rss_mib(h.pid())).collect();
+    let r0: Vec<f64> = hosts.iter().map(|(_, h)| h.reconciles()).collect();
+    let cpu0: Vec<f64> = hosts.iter().map(|(_, h)| cpu_seconds(h.pid())).collect();
+    let ns = env.namespace("bench-typed").await.expect("ns").name;
+    let created = create_pods(client, &ns, "p", PODS, CONCURRENCY).await;
+    wait_until(
+        "the three hosts reconciled the pods",
+        Duration::from_secs(300),
+        || {
+            hosts
+                .iter()
+                .zip(&r0)
+                .all(|((_, h), r)| h.reconciles() >= r + PODS as f64)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows: Vec<TypedRow> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, (what, h))| TypedRow {
+            what,
+            load_peak: load_peak[i],
+            idle: idle[i],
+            after_burst: rss_mib(h.pid()),
+            cpu: cpu_seconds(h.pid()) - cpu0[i],
+            child_peak: child_compile_peaks(&h.log).into_iter().reduce(f64::max),
+        })
+        .collect();
+    for (_, h) in hosts {
+        h.stop();
+    }
+
+    println!();
+    println!(
+        "typed beside noop: {PODS} pods created in {:.2} s; host {}",
+        created.as_secs_f64(),
+        host_binary().display()
+    );
+    println!();
+    println!(
+        "| process | RSS peak over the load | RSS idle, loaded | RSS after the burst | CPU per event | compile child's peak |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.0} µs | {} |",
+            r.what,
+            r.load_peak,
+            r.idle,
+            r.after_burst,
+            r.cpu / PODS as f64 * 1e6,
+            r.child_peak
+                .map(|p| format!("{p:.0} MiB"))
+                .unwrap_or_else(|| "—".into())
+        );
+    }
+    println!();
+    println!(
+        "| plugin (`inspect`, no cache) | size | inspect wall | `inspect`'s peak RSS (polled) | compile child's peak | `inspect`'s own, reported |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for name in [
+        "noop",
+        "typed_pod_noop",
+        "pod_counter",
+        "network",
+        "config_reloader",
+    ] {
+        let path = artifact(name);
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let (tree, child, own, wall) = inspect_peak(&path);
+        let show = |v: Option<f64>| {
+            v.map(|v| format!("{v:.1} MiB"))
+                .unwrap_or_else(|| "—".into())
+        };
+        println!(
+            "| {name} | {:.0} KB | {:.2} s | {tree:.1} MiB | {} | {} |",
+            size as f64 / 1000.0,
+            wall.as_secs_f64(),
+            show(child),
+            show(own)
+        );
+    }
+    for d in [&noop, &typed, &warm_cache] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+async fn run(typed_only: bool) {
     let env = testenv::TestEnv::shared().await.expect("test cluster");
     let client = env.client().await.expect("client");
+    // Phase 0, first: the typed plugin beside noop, and each shipped plugin's compile peak.
+    typed_beside_noop(env, &client).await;
+    if typed_only {
+        return;
+    }
     println!(
         "machine: {} cores; {PODS} pods per burst, {CONCURRENCY} creates in flight; host {}",
         std::thread::available_parallelism()

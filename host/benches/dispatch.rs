@@ -84,6 +84,7 @@ fn main() {
                 Ok("memset") => MemoryReset::Memset,
                 _ => MemoryReset::Auto,
             },
+            ..RuntimeSettings::default()
         })
         .expect("engine"),
     );

@@ -163,6 +163,7 @@ fn config(dir: &Path) -> RunConfig {
         budgets: BudgetSettings::default(),
         max_workers_per_plugin: 16,
         wait_retry: Duration::from_secs(1),
+        describe_timeout: Duration::from_secs(10),
         sync_timeout: Duration::from_secs(30),
         leader_election: None,
         leader_mode: Default::default(),

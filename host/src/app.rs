@@ -52,6 +52,8 @@ pub struct RunConfig {
     pub max_workers_per_plugin: u32,
     /// How often waiting plugins are tried again.
     pub wait_retry: Duration,
+    /// Wall time a plugin's `describe` may take.
+    pub describe_timeout: Duration,
     /// How long a plugin's caches may take to sync before it waits and is tried again.
     pub sync_timeout: Duration,
     /// Which plugins run (`--controllers`).
@@ -228,6 +230,7 @@ impl Manager {
                 default_workers: cfg.default_workers,
                 allowed_hosts: cfg.allowed_hosts.clone(),
                 wait_retry: cfg.wait_retry,
+                describe_timeout: cfg.describe_timeout,
                 max_workers: cfg.max_workers_per_plugin,
                 budgets: cfg.budgets,
                 identity: cfg.identity.clone(),
@@ -256,7 +259,7 @@ impl Manager {
             None => (None, None),
         };
         // The first scan happens before start returns, so a caller sees the plugins that were there.
-        plugins.rescan().await;
+        plugins.first_scan().await;
         let p = plugins.clone();
         let plugin_task = tokio::spawn(async move {
             if let Err(e) = p.run().await {

@@ -29,6 +29,16 @@ struct Cli {
     /// Same as --log-format json.
     #[arg(long, global = true, hide = true)]
     log_json: bool,
+    /// Plugins are compiled in a short-lived child process of this binary, one at a time, so the
+    /// compile's memory is given back when it exits; a compile whose peak RSS passes this many
+    /// MiB is stopped, and that plugin fails with the reason.
+    #[arg(
+        long,
+        env = "WCM_MAX_COMPILE_MEMORY_MB",
+        global = true,
+        default_value_t = wasm_controller_manager::sandbox::compiler::DEFAULT_MAX_COMPILE_MEMORY_MB
+    )]
+    max_compile_memory_mb: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,6 +81,25 @@ enum Command {
     },
     /// Print the version and the plugin contract (WIT) versions this host serves.
     Version,
+    /// The compile child: reads a component on stdin, writes its artifact (internal).
+    #[command(name = "compile-worker", hide = true)]
+    CompileWorker {
+        #[arg(long)]
+        artifact: PathBuf,
+        /// The host engine's key; without it no check (measurements only).
+        #[arg(long)]
+        engine_key: Option<String>,
+        /// wasmtime's parallel compilation (off: a lower peak, and the child leaves the other
+        /// cores to the running plugins; docs/decisions.md).
+        #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+        parallel_compilation: bool,
+        /// Cranelift's level (none, speed, speed-and-size), for measurements only.
+        #[arg(long)]
+        opt_level: Option<String>,
+        /// Cranelift's register allocator (backtracking, single-pass), for measurements only.
+        #[arg(long)]
+        regalloc: Option<String>,
+    },
 }
 
 /// Where the plugins' identities live (the same for `run` and `rbac`).
@@ -310,12 +339,25 @@ struct RunArgs {
     /// Burst above --plugin-api-qps (NAME.toml: api_burst).
     #[arg(long, env = "WCM_PLUGIN_API_BURST", default_value_t = 40)]
     plugin_api_burst: u32,
+    /// Outbound HTTP requests per second of one plugin, over all its workers (NAME.toml:
+    /// http_qps; 0: no limit). A request over it waits for its turn, or is refused at once when
+    /// its turn would come after the call's wall timeout.
+    #[arg(long, env = "WCM_PLUGIN_HTTP_QPS", default_value_t = 20.0)]
+    plugin_http_qps: f64,
+    /// Burst above --plugin-http-qps (NAME.toml: http_burst).
+    #[arg(long, env = "WCM_PLUGIN_HTTP_BURST", default_value_t = 40)]
+    plugin_http_burst: u32,
+    /// The shortest requeue-after a plugin gets, milliseconds: a shorter one waits this long and
+    /// takes a token of --retry-qps (NAME.toml: min_requeue_after_ms; 0: none).
+    #[arg(long, env = "WCM_MIN_REQUEUE_AFTER_MS", default_value_t = 1000)]
+    min_requeue_after_ms: u64,
     /// Log lines per second of one plugin (its own and the host's about it); the rest are dropped
     /// and counted.
     #[arg(long, env = "WCM_PLUGIN_LOG_LINES_PER_SECOND", default_value_t = 50.0)]
     plugin_log_lines_per_second: f64,
-    /// Cores of guest CPU one plugin may use on average; a plugin over it waits before its next
-    /// call (NAME.toml: cpu_share; 0: no limit).
+    /// Cores of guest CPU one plugin may use on average, charged as its calls run; a plugin over
+    /// it is paused within its running calls and waits before its next one (NAME.toml:
+    /// cpu_share; 0: no limit).
     #[arg(long, env = "WCM_PLUGIN_CPU_SHARE", default_value_t = 0.25)]
     plugin_cpu_share: f64,
     /// Most workers any plugin gets, whatever it or its NAME.toml asks for.
@@ -347,6 +389,11 @@ struct RunArgs {
     /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
     #[arg(long, env = "WCM_WAIT_RETRY_SECONDS", default_value_t = 5)]
     wait_retry_seconds: u64,
+    /// Wall time a plugin's `describe` may take, sleeping included, seconds (at most the wall
+    /// timeout). A plugin whose `describe` takes longer is refused until its file changes; other
+    /// files load meanwhile.
+    #[arg(long, env = "WCM_DESCRIBE_TIMEOUT_SECONDS", default_value_t = 10)]
+    describe_timeout_seconds: u64,
     /// How long a plugin's caches may take to list before it waits and is tried again, seconds.
     #[arg(long, env = "WCM_CACHE_SYNC_TIMEOUT_SECONDS", default_value_t = 60)]
     cache_sync_timeout_seconds: u64,
@@ -506,6 +553,10 @@ impl RunArgs {
             identity.protected.push(ns);
         }
         anyhow::ensure!(
+            self.plugin_http_qps.is_finite() && self.plugin_http_qps >= 0.0,
+            "--plugin-http-qps must be a number of at least 0 (0: no limit)"
+        );
+        anyhow::ensure!(
             self.cpu_deadline_ms > 0,
             "--cpu-deadline-ms must be at least 1"
         );
@@ -555,9 +606,13 @@ impl RunArgs {
                 max_instances: self.max_instances_per_plugin.max(1),
                 cpu_share: self.plugin_cpu_share.max(0.0),
                 max_watch_streams: self.max_watch_streams_per_plugin.max(1),
+                http_qps: self.plugin_http_qps.max(0.0),
+                http_burst: self.plugin_http_burst.max(1),
+                min_requeue_after: Duration::from_millis(self.min_requeue_after_ms),
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),
+            describe_timeout: Duration::from_secs(self.describe_timeout_seconds.max(1)),
             sync_timeout: Duration::from_secs(self.cache_sync_timeout_seconds.max(1)),
             rate_limits: RateLimits {
                 base_delay: Duration::from_millis(self.retry_base_ms),
@@ -589,6 +644,31 @@ fn main() -> ExitCode {
     } else {
         builder.init();
     }
+    if let Command::CompileWorker {
+        artifact,
+        engine_key,
+        parallel_compilation,
+        opt_level,
+        regalloc,
+    } = &cli.command
+    {
+        return compile_worker(
+            artifact,
+            engine_key,
+            *parallel_compilation,
+            opt_level.as_deref(),
+            regalloc.as_deref(),
+        );
+    }
+    if cli.max_compile_memory_mb < 16 {
+        eprintln!("error: --max-compile-memory-mb must be at least 16");
+        return ExitCode::FAILURE;
+    }
+    wasm_controller_manager::sandbox::compiler::compile_in_child_process(
+        wasm_controller_manager::sandbox::compiler::ChildCompile::this_binary(
+            cli.max_compile_memory_mb << 20,
+        ),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -635,6 +715,9 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 })
             }
+            Command::CompileWorker { .. } => {
+                anyhow::bail!("compile-worker runs before the async runtime starts")
+            }
             Command::Inspect { plugin, json } => {
                 let report =
                     wasm_controller_manager::loading::inspect::inspect(&plugin, json).await?;
@@ -645,6 +728,50 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The compile child (`sandbox/compiler.rs`): no async runtime, no plugin directory.
+fn compile_worker(
+    artifact: &std::path::Path,
+    engine_key: &Option<String>,
+    parallel_compilation: bool,
+    opt_level: Option<&str>,
+    regalloc: Option<&str>,
+) -> ExitCode {
+    use wasm_controller_manager::sandbox::compiler::{WorkerArgs, worker_main};
+    let opt_level = match opt_level {
+        None => None,
+        Some("none") => Some(wasmtime::OptLevel::None),
+        Some("speed") => Some(wasmtime::OptLevel::Speed),
+        Some("speed-and-size") => Some(wasmtime::OptLevel::SpeedAndSize),
+        Some(other) => {
+            eprintln!("error: --opt-level {other:?}: none, speed or speed-and-size");
+            return ExitCode::FAILURE;
+        }
+    };
+    let regalloc = match regalloc {
+        None => None,
+        Some("backtracking") => Some(wasmtime::RegallocAlgorithm::Backtracking),
+        Some("single-pass") => Some(wasmtime::RegallocAlgorithm::SinglePass),
+        Some(other) => {
+            eprintln!("error: --regalloc {other:?}: backtracking or single-pass");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = WorkerArgs {
+        artifact: artifact.to_path_buf(),
+        engine_key: engine_key.clone(),
+        parallel_compilation,
+        opt_level,
+        regalloc,
+    };
+    match worker_main(&args) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -6,7 +6,10 @@
 //! root of its own (the image: `/usr/local/bin/wasm-controller-manager`, the plugins in `/plugins`),
 //! read-only, with the ServiceAccount token from the TokenRequest API at the standard path, the
 //! `emptyDir` volumes, the container's args and env, `runAsUser`/`runAsGroup`, no capabilities and
-//! no privilege escalation; no kubeconfig, so the host takes the in-cluster configuration.
+//! no privilege escalation; no kubeconfig, so the host takes the in-cluster configuration; and,
+//! where this machine has a writable cgroup-v1 memory controller, a memory cgroup with the
+//! container's `resources.limits.memory`, in which it runs the shipped plugins plus two that parse
+//! typed Pods (the heaviest compiles measured) with no OOM kill.
 //!
 //! What the API server saw (its audit log) proves the rest: pod-counter labels a control-plane Node
 //! and records events, the network plugin reads its Secret and creates its network in the real
@@ -45,6 +48,8 @@ const POD_NAME: &str = "wasm-controller-manager-in-cluster-test";
 const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The third plugin: the well-behaved test plugin, granted all it declares except `patch`.
 const UNGRANTED: &str = "no-patch";
+/// Two plugins that parse every Pod into the k8s-openapi `Pod` (`typed-pod-noop`).
+const TYPED: [&str; 2] = ["typed-a", "typed-b"];
 
 fn plugin_user(plugin: &str) -> String {
     format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
@@ -95,6 +100,30 @@ struct PodSpec {
     /// `httpGet` probes: path and container port.
     probes: Vec<(String, u16)>,
     grace: Duration,
+    /// `resources.limits.memory`, bytes: the test puts the container in a memory cgroup of that
+    /// limit, as the kubelet does.
+    memory_limit: Option<u64>,
+}
+
+/// A Kubernetes memory quantity in bytes: plain, or with a binary (Ki, Mi, Gi) or decimal (k, M,
+/// G) suffix.
+fn memory_bytes(q: &str) -> Result<u64> {
+    let (n, mult) = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("k", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ]
+    .iter()
+    .find_map(|(suffix, m)| q.strip_suffix(suffix).map(|n| (n, *m)))
+    .unwrap_or((q, 1));
+    let n: u64 = n
+        .parse()
+        .with_context(|| format!("memory quantity {q:?}"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("memory quantity {q:?}"))
 }
 
 fn str_at<'a>(v: &'a Value, what: &str) -> Result<&'a str> {
@@ -194,7 +223,12 @@ fn deployment_spec(objects: &[Value]) -> Result<PodSpec> {
         .with_context(|| format!("{kind}: not an httpGet probe on a known port"))?;
         probes.push((path, port));
     }
+    let memory_limit = match c["resources"]["limits"]["memory"].as_str() {
+        Some(q) => Some(memory_bytes(q)?),
+        None => None,
+    };
     Ok(PodSpec {
+        memory_limit,
         service_account: str_at(&pod["serviceAccountName"], "serviceAccountName")?.to_string(),
         uid: id(&psc["runAsUser"], "runAsUser")?,
         gid: id(&psc["runAsGroup"], "runAsGroup")?,
@@ -275,11 +309,14 @@ async fn issue_token(client: &kube::Client, namespace: &str, name: &str) -> Resu
 
 /// Builds the container and starts the host in it. Arguments: the pod directory (`image/`, the
 /// root's files; `usr/`, laid over this machine's /usr; `sa/`, the token volume's files; `root/`,
-/// the mount point), uid, gid, the emptyDir paths (space-separated), then `env -i`'s arguments.
+/// the mount point), uid, gid, the emptyDir paths (space-separated), the memory cgroup's directory
+/// (or ""), then `env -i`'s arguments.
 const CONTAINER: &str = r#"
 set -eu
-pod=$1 uid=$2 gid=$3 empty_dirs=$4
-shift 4
+pod=$1 uid=$2 gid=$3 empty_dirs=$4 cgroup=$5
+shift 5
+# The container's memory cgroup (its limit), as the kubelet places a container in one.
+if [ -n "$cgroup" ]; then echo $$ > "$cgroup/cgroup.procs"; fi
 root=$pod/root
 # The image: a root filesystem of its own, and /usr from this machine with the binary laid over it.
 mount -t tmpfs -o mode=0755 tmpfs "$root"
@@ -319,7 +356,13 @@ struct PodProcess {
 }
 
 impl PodProcess {
-    fn start(dir: &Path, spec: &PodSpec, env: &[String], args: &[String]) -> Result<PodProcess> {
+    fn start(
+        dir: &Path,
+        spec: &PodSpec,
+        cgroup: Option<&MemoryCgroup>,
+        env: &[String],
+        args: &[String],
+    ) -> Result<PodProcess> {
         let log = dir.join("host.log");
         let out = std::fs::File::create(&log)?;
         let child = Command::new("unshare")
@@ -330,6 +373,7 @@ impl PodProcess {
             .arg(spec.uid.to_string())
             .arg(spec.gid.to_string())
             .arg(spec.empty_dirs.join(" "))
+            .arg(cgroup.map(|c| c.dir.clone()).unwrap_or_default())
             .args(env)
             .arg(ENTRYPOINT)
             .args(args)
@@ -373,6 +417,73 @@ impl Drop for PodProcess {
         let _ = self.child.wait();
         if std::thread::panicking() {
             eprintln!("--- host log ---\n{}", self.log_text());
+        }
+    }
+}
+
+/// A memory cgroup (v1) made for the container under the test's own, with the Deployment's
+/// limit; removed when the test ends.
+struct MemoryCgroup {
+    dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    /// `None` where this machine has no writable cgroup-v1 memory controller (said on stderr).
+    fn new(limit: u64) -> Option<MemoryCgroup> {
+        let ours = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let path = ours
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()));
+        let Some(path) = path else {
+            eprintln!("note: no cgroup-v1 memory controller: the memory limit is not emulated");
+            return None;
+        };
+        let dir = PathBuf::from(format!(
+            "/sys/fs/cgroup/memory{}/wcm-in-cluster-{}",
+            path.trim_end_matches('/'),
+            std::process::id()
+        ));
+        let made = std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()));
+        if let Err(e) = made {
+            eprintln!(
+                "note: cannot make the memory cgroup {}: {e}; the memory limit is not emulated",
+                dir.display()
+            );
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(MemoryCgroup { dir })
+    }
+
+    fn read(&self, file: &str) -> Result<String> {
+        std::fs::read_to_string(self.dir.join(file)).with_context(|| format!("read {file}"))
+    }
+
+    /// OOM kills in the cgroup (`memory.oom_control`).
+    fn oom_kills(&self) -> Result<u64> {
+        self.read("memory.oom_control")?
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .context("no oom_kill in memory.oom_control")?
+            .trim()
+            .parse()
+            .context("oom_kill")
+    }
+
+    fn max_usage(&self) -> Result<u64> {
+        Ok(self.read("memory.max_usage_in_bytes")?.trim().parse()?)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Empty once the container's processes are gone (they are killed before this drops).
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
@@ -559,11 +670,32 @@ async fn build_pod(
         plugins.join(format!("{UNGRANTED}.toml")),
         format!("name = \"{UNGRANTED}\"\n"),
     )?;
-    Ok(vec![
+    let mut files = vec![
         install(&plugins, "pod_counter", "pod_counter.wasm")?,
         install(&plugins, "network", "network.wasm")?,
         install(&plugins, "well-behaved", &format!("{UNGRANTED}.wasm"))?,
-    ])
+    ];
+    // Two plugins that parse typed objects (the heaviest compiles measured). The second is the
+    // first with a custom section appended: other bytes, so it is compiled on its own.
+    let typed = std::fs::read(plugin("typed-pod-noop")?)?;
+    for (i, name) in TYPED.iter().enumerate() {
+        let mut bytes = typed.clone();
+        if i > 0 {
+            let section_name = format!("wcm-test-copy-{i}");
+            bytes.push(0);
+            bytes.push(u8::try_from(section_name.len() + 1)?);
+            bytes.push(u8::try_from(section_name.len())?);
+            bytes.extend_from_slice(section_name.as_bytes());
+        }
+        let path = plugins.join(format!("{name}.wasm"));
+        std::fs::write(&path, bytes)?;
+        std::fs::write(
+            plugins.join(format!("{name}.toml")),
+            format!("name = \"{name}\"\n"),
+        )?;
+        files.push(path);
+    }
+    Ok(files)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -661,11 +793,28 @@ async fn the_host_runs_as_the_deployment_runs_it() -> Result<()> {
         env_vars.push(format!("{k}={v}"));
     }
     let mark = env.audit_mark()?;
-    let mut host = PodProcess::start(&dir, &spec, &env_vars, &args)?;
-    let result = run_checks(
+    let cgroup = spec.memory_limit.and_then(MemoryCgroup::new);
+    let mut host = PodProcess::start(&dir, &spec, cgroup.as_ref(), &env_vars, &args)?;
+    let mut result = run_checks(
         env, &client, &os, &ns.name, &spec, &moved, metrics, &mut host, &token, mark,
     )
     .await;
+    // The Deployment's memory limit held every compile and the whole run (run_checks saw the
+    // host serve to the end, then stopped it): no OOM kill in its cgroup.
+    if result.is_ok()
+        && let (Some(cg), Some(limit)) = (&cgroup, spec.memory_limit)
+    {
+        result = (|| {
+            let (kills, peak) = (cg.oom_kills()?, cg.max_usage()?);
+            println!(
+                "memory cgroup: limit {} MiB, peak usage {} MiB (the host and its compile children), OOM kills {kills}",
+                limit >> 20,
+                peak >> 20,
+            );
+            ensure!(kills == 0, "{kills} OOM kills under the Deployment's limit");
+            Ok(())
+        })();
+    }
     if let Err(e) = &result {
         eprintln!("--- host log ---\n{}\n--- error: {e:#}", host.log_text());
     }
@@ -697,7 +846,7 @@ async fn run_checks(
     let readyz = {
         let host = &mut *host;
         eventually(
-            "the host ready with its three plugins running",
+            "the host ready with its five plugins running",
             Duration::from_secs(90),
             || {
                 let exited = host.exited();
@@ -710,6 +859,7 @@ async fn run_checks(
                     };
                     let all = ["pod_counter", "network", UNGRANTED]
                         .iter()
+                        .chain(TYPED.iter())
                         .all(|f| body.contains(&format!("{f}.wasm: running")));
                     Ok((code == 200 && all).then_some(body))
                 }

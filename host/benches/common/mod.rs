@@ -285,6 +285,7 @@ pub fn bench_config(dir: &Path) -> RunConfig {
         },
         max_workers_per_plugin: 16,
         wait_retry: Duration::from_secs(1),
+        describe_timeout: Duration::from_secs(10),
         sync_timeout: Duration::from_secs(30),
         leader_election: None,
         leader_mode: Default::default(),

@@ -61,6 +61,9 @@ impl Resolved {
     }
 }
 
+/// A group's cached answer, behind the lock its discovery holds.
+type GroupSlot = Arc<Mutex<Option<Entry>>>;
+
 struct Entry {
     at: Instant,
     group: Result<Arc<GroupInfo>, ApiFailure>,
@@ -69,7 +72,7 @@ struct Entry {
 /// The discovery cache of the host (its own identity: discovery is not a plugin's request).
 pub struct Discovery {
     client: kube::Client,
-    groups: Mutex<HashMap<String, Entry>>,
+    groups: std::sync::Mutex<HashMap<String, GroupSlot>>,
     timeout: Duration,
 }
 
@@ -81,7 +84,7 @@ impl Discovery {
     pub fn new(client: kube::Client, timeout: Duration) -> Self {
         Discovery {
             client,
-            groups: Mutex::default(),
+            groups: Default::default(),
             timeout,
         }
     }
@@ -94,8 +97,17 @@ impl Discovery {
     /// Like [`Discovery::group`], but asks the API server again if the cached answer is older than
     /// a few seconds (a kind not found may have been installed since).
     async fn group_fresh(&self, group: &str, refresh: bool) -> Result<Arc<GroupInfo>, ApiFailure> {
-        let mut groups = self.groups.lock().await;
-        if let Some(e) = groups.get(group) {
+        // One lock per group, held across its request: one discovery per group at a time, the rest
+        // wait for its answer; a slow group never holds up another.
+        let slot = {
+            let mut groups = self
+                .groups
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            groups.entry(group.to_string()).or_default().clone()
+        };
+        let mut entry = slot.lock().await;
+        if let Some(e) = entry.as_ref() {
             let age = e.at.elapsed();
             let keep = match (&e.group, refresh) {
                 (Ok(_), false) => age < TTL,
@@ -105,15 +117,11 @@ impl Discovery {
                 return e.group.clone();
             }
         }
-        // Held across the request: one discovery per group at a time, the rest wait for its answer.
         let fetched = self.fetch(group).await;
-        groups.insert(
-            group.to_string(),
-            Entry {
-                at: Instant::now(),
-                group: fetched.clone(),
-            },
-        );
+        *entry = Some(Entry {
+            at: Instant::now(),
+            group: fetched.clone(),
+        });
         fetched
     }
 
@@ -157,7 +165,15 @@ impl Discovery {
 
     /// Drops what is cached of `group`: the next resolution asks the API server.
     pub async fn forget_group(&self, group: &str) {
-        self.groups.lock().await.remove(group);
+        let slot = self
+            .groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(group)
+            .cloned();
+        if let Some(slot) = slot {
+            *slot.lock().await = None;
+        }
     }
 
     /// Follows CustomResourceDefinitions (their metadata only) and forgets the group of each one

@@ -92,10 +92,41 @@ pub struct Budgets {
     pub logs: TokenBucket,
     /// Instances of this plugin alive at once (warm ones included).
     pub instances: Arc<Semaphore>,
-    /// Guest CPU: cores this plugin may use on average; a plugin that used more waits before its
-    /// next call, so a plugin spinning to its deadline cannot take the host's cores from the rest.
+    /// Guest CPU: cores this plugin may use on average. It is charged at every epoch tick of a
+    /// running call, not when the call ends: a call that finds the plugin in debt at a tick is
+    /// paused there until the debt is paid, and a new call waits before it starts. The debt so
+    /// stays within one tick per running call, never workers × deadline.
     cpu: CpuBudget,
+    /// Outbound HTTP: requests per second over all the plugin's calls, and DNS lookups in flight.
+    pub http: Arc<HttpBudget>,
+    /// The shortest delay a `requeue-after` gets; shorter ones are raised to it and go through
+    /// the queue's overall bucket (`engine/queue.rs`).
+    pub min_requeue_after: std::time::Duration,
     dropped_logs: AtomicU64,
+}
+
+/// Outbound HTTP budget of one plugin, shared by all its workers and instances.
+pub struct HttpBudget {
+    /// Requests per second (0: no limit) and the burst above it.
+    pub qps: f64,
+    pub burst: u32,
+    /// Requests that passed the allow-list take a token here before any lookup or connection;
+    /// one whose token would come after the call's wall deadline is refused at once.
+    pub(crate) requests: TokenBucket,
+    /// DNS lookups of this plugin in flight (`sandbox/dns.rs`): a permit is held until the
+    /// blocking lookup returns, also when the request that asked for it has timed out.
+    pub(crate) lookups: Arc<Semaphore>,
+}
+
+impl HttpBudget {
+    pub fn new(qps: f64, burst: u32) -> Self {
+        HttpBudget {
+            qps,
+            burst,
+            requests: TokenBucket::new(qps, burst),
+            lookups: Arc::new(Semaphore::new(crate::sandbox::dns::LOOKUPS_PER_PLUGIN)),
+        }
+    }
 }
 
 /// A token bucket of CPU seconds, refilled at `share` seconds per second, that may go into debt by
@@ -137,6 +168,16 @@ impl CpuBudget {
         }
     }
 
+    /// CPU seconds left (negative: debt).
+    fn balance(&self) -> f64 {
+        if self.share <= 0.0 {
+            return 0.0;
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.refill(&mut s);
+        s.0
+    }
+
     fn charge(&self, used: std::time::Duration) {
         if self.share <= 0.0 {
             return;
@@ -160,6 +201,11 @@ pub struct BudgetSettings {
     /// Distinct list+watch streams (informer keys) one plugin may need; a plugin that needs more
     /// is refused and opens none.
     pub max_watch_streams: u32,
+    /// Outbound HTTP requests per second of one plugin (0: no limit), and the burst above it.
+    pub http_qps: f64,
+    pub http_burst: u32,
+    /// The floor of `requeue-after` delays.
+    pub min_requeue_after: std::time::Duration,
 }
 
 impl Default for BudgetSettings {
@@ -172,6 +218,9 @@ impl Default for BudgetSettings {
             max_instances: 16,
             cpu_share: 0.25,
             max_watch_streams: 8,
+            http_qps: 20.0,
+            http_burst: 40,
+            min_requeue_after: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -183,6 +232,8 @@ impl Budgets {
             logs: TokenBucket::new(s.log_lines_per_second, s.log_burst),
             instances: Arc::new(Semaphore::new(s.max_instances.max(1) as usize)),
             cpu: CpuBudget::new(s.cpu_share),
+            http: Arc::new(HttpBudget::new(s.http_qps, s.http_burst)),
+            min_requeue_after: s.min_requeue_after,
             dropped_logs: AtomicU64::new(0),
         }
     }
@@ -205,9 +256,20 @@ impl Budgets {
         }
     }
 
-    /// Counts guest CPU a call used.
+    /// Counts guest CPU a call used (at each epoch tick, and the rest when it ends).
     pub fn charge_cpu(&self, used: std::time::Duration) {
         self.cpu.charge(used);
+    }
+
+    /// How long the plugin must rest until its CPU debt is paid (zero when it owes nothing).
+    pub fn cpu_debt_wait(&self) -> std::time::Duration {
+        self.cpu.wait()
+    }
+
+    /// The plugin's CPU debt now: guest time used beyond its share and burst (zero when it owes
+    /// nothing).
+    pub fn cpu_debt(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64((-self.cpu.balance()).max(0.0))
     }
 
     /// Log lines dropped since the last call (reported as one line when the budget allows).
@@ -270,6 +332,15 @@ impl Services {
         }
     }
 
+    /// A plugin with these budgets and nothing to reach (no API, cache, events or outbound hosts):
+    /// for tests and benchmarks of the sandbox's budgets.
+    pub fn with_budgets(plugin: &str, budgets: &BudgetSettings) -> Self {
+        Services {
+            budgets: Budgets::new(budgets),
+            ..Services::for_describe(plugin, BTreeMap::new())
+        }
+    }
+
     pub fn new(
         plugin: &str,
         reach: Reach,
@@ -322,6 +393,11 @@ impl Services {
     pub fn with_recorder(mut self, recorder: Option<Arc<Recorder>>) -> Self {
         self.recorder = recorder;
         self
+    }
+
+    /// The plugin's budgets.
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
     }
 
     pub fn plugin_name(&self) -> &str {

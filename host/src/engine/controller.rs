@@ -98,6 +98,17 @@ pub struct Controller {
     gate: Gate,
 }
 
+/// A controller dropped without [`Controller::stop`] (a load cancelled while it started or swapped
+/// one in, at shutdown) leaves nothing running: its queue closes and its tasks end.
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.queue.shut_down();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
 /// The latest failed reconcile of a controller, for the debug view.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LastError {
@@ -423,7 +434,7 @@ impl Controller {
     }
 
     /// Stops taking keys, waits for in-flight reconciles, and releases the informers.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.queue.shut_down();
         // A call still waiting for an instance slot gives up: the stop waits only for calls that run.
         self.version().await.services.retire();
@@ -437,7 +448,7 @@ impl Controller {
         self.metrics.reset_active_workers(&self.name);
         self.metrics.unfinished_work(&self.name, (0.0, 0.0));
         tracing::info!(plugin = %self.name, "controller stopped");
-        drop(self.informers);
+        self.informers.clear();
     }
 
     pub fn workers(&self) -> u32 {
@@ -690,7 +701,12 @@ impl Worker {
             }
             Ok(Ok(Action::RequeueAfter(ms))) => {
                 self.queue.forget(key);
-                self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                // Never sooner than the plugin's floor: `requeue-after(1 ms)` cannot spin.
+                self.queue.add_requeue_after(
+                    key.clone(),
+                    Duration::from_millis(ms),
+                    v.services.budgets.min_requeue_after,
+                );
                 self.metrics.reconciled(&self.name, "requeue_after", took);
             }
             Ok(Err(e)) if e.terminal => {

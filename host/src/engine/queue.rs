@@ -161,6 +161,20 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
         self.add_after(key, backoff.max(delay));
     }
 
+    /// A requeue the plugin asked for after `delay` (its `requeue-after`), never sooner than
+    /// `floor`. One asked for sooner than the floor is raised to it and also takes a token of the
+    /// overall bucket, so neither one key nor many keys at once loop faster than the floor and
+    /// the bucket allow. Delays at or above the floor are kept as asked (controller-runtime's
+    /// `RequeueAfter`).
+    pub fn add_requeue_after(&self, key: K, delay: Duration, floor: Duration) {
+        let delay = if delay < floor {
+            floor.max(self.limiter.overall())
+        } else {
+            delay
+        };
+        self.add_after(key, delay);
+    }
+
     /// Clears the key's failure history (call on success).
     pub fn forget(&self, key: &K) {
         self.limiter.forget(key);
@@ -345,6 +359,52 @@ mod tests {
             .await
             .ok()
             .flatten()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_requeue_after_below_the_floor_waits_the_floor_and_many_keys_the_bucket() {
+        let floor = Duration::from_secs(1);
+        // A bucket of 2 per second, burst 2, shared by every key of the queue.
+        let q = WorkQueue::new(RateLimiter::new(RateLimits {
+            qps: 2.0,
+            burst: 2,
+            ..RateLimits::default()
+        }));
+        q.add_requeue_after("k", Duration::from_millis(1), floor);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(try_get(&q).await, None, "1 ms asked: the floor applies");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(q.get().await, Some("k"));
+        q.done(&"k");
+        // At or above the floor: as asked, and no token taken.
+        q.add_requeue_after("k", Duration::from_millis(1500), floor);
+        tokio::time::advance(Duration::from_millis(1499)).await;
+        assert_eq!(try_get(&q).await, None);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(q.get().await, Some("k"));
+        q.done(&"k");
+        // Six keys at once below the floor: the burst lets the first go at the floor, the bucket
+        // spaces the rest half a second apart.
+        let keys = ["a", "b", "c", "d", "e", "f"];
+        for k in keys {
+            q.add_requeue_after(k, Duration::ZERO, floor);
+        }
+        let mut seen = Vec::new();
+        for step in 0..40 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            while let Some(k) = try_get(&q).await {
+                seen.push((k, step + 1));
+                q.done(&k);
+            }
+        }
+        let at: Vec<u32> = seen.iter().map(|(_, t)| *t).collect();
+        // In tenths of a second since the adds.
+        assert_eq!(at.len(), 6, "{seen:?}");
+        assert!(
+            at.iter().all(|t| *t >= 10),
+            "none before the floor: {seen:?}"
+        );
+        assert!(at[5] >= 20, "the bucket spaces them: {seen:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -67,6 +67,30 @@ impl TokenBucket {
         }
     }
 
+    /// Takes one token if it exists within `max_wait`: the delay before it may be used, or `None`
+    /// (nothing taken) when it would come later. Debt is so bounded by `max_wait` × qps, and a
+    /// caller refused here owes nothing.
+    pub fn reserve_within(&self, max_wait: Duration) -> Option<Duration> {
+        if self.qps <= 0.0 {
+            return Some(Duration::ZERO);
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.qps).min(self.burst);
+        s.1 = now;
+        let after = s.0 - 1.0;
+        let wait = if after >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-after / self.qps)
+        };
+        if wait > max_wait {
+            return None;
+        }
+        s.0 = after;
+        Some(wait)
+    }
+
     /// Takes one token if one is there now; never waits and never goes into debt (for budgets that
     /// drop what is over them, such as log lines).
     pub fn try_take(&self) -> bool {
@@ -119,6 +143,11 @@ impl<K: Eq + Hash + Clone> RateLimiter<K> {
             backoff(self.limits.base_delay, self.limits.max_delay, exp)
         };
         per_key.max(self.bucket.reserve())
+    }
+
+    /// The delay the overall bucket gives one more requeue (a token is taken).
+    pub fn overall(&self) -> Duration {
+        self.bucket.reserve()
     }
 
     /// Failures of `key` since it was last forgotten.

@@ -119,6 +119,8 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         "sha256": compiled.sha256,
         "contract": compiled.contract_version(),
         "compileMillis": compiled.load_time.as_secs_f64() * 1000.0,
+        "compilePeakRssBytes": compiled.compile_peak,
+        "processPeakRssBytes": crate::sandbox::compiler::peak_rss_of_this_process(),
         "name": d.name,
         "version": d.version,
         "primary": watch(&d.primary),
@@ -167,7 +169,14 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
     line(
         &mut out,
         "compile",
-        format!("{:.1} ms", compiled.load_time.as_secs_f64() * 1000.0),
+        match compiled.compile_peak {
+            Some(peak) => format!(
+                "{:.1} ms, in a child process: peak RSS {:.1} MiB",
+                compiled.load_time.as_secs_f64() * 1000.0,
+                peak as f64 / f64::from(1 << 20)
+            ),
+            None => format!("{:.1} ms", compiled.load_time.as_secs_f64() * 1000.0),
+        },
     );
     line(&mut out, "primary", fmt_watch(&d.primary));
     for s in &d.secondaries {

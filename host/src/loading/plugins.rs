@@ -35,7 +35,7 @@ use crate::cluster::identity::{Access, IdentitySettings, PluginIdentity};
 use crate::cluster::permissions::Permissions;
 use crate::cluster::scope::{Scope, WatchScope};
 use crate::cluster::services::{BudgetSettings, Reach, Services};
-use crate::contract::isolation;
+use crate::contract::{Description, isolation};
 use crate::engine::controller::{
     Controller, ControllerDebug, ControllerParts, Version, plugin_cache, resolve_watches,
 };
@@ -45,6 +45,9 @@ use crate::loading::settings::{ControllerSelection, PluginSettings, SecretRef};
 use crate::sandbox::http::effective_hosts;
 use crate::sandbox::tape::Recorder;
 use crate::sandbox::{CallError, Compiled, Limits};
+
+mod load;
+use load::missing_grant;
 
 /// Limits on what the directory may hold, and what every plugin gets by default.
 #[derive(Debug, Clone)]
@@ -67,6 +70,8 @@ pub struct DirSettings {
     pub controllers: ControllerSelection,
     /// Where reconciles are recorded (`--record-dir`), for every plugin.
     pub recorder: Option<Arc<Recorder>>,
+    /// Wall time a plugin's `describe` may take (`--describe-timeout-seconds`), sleeping included.
+    pub describe_timeout: Duration,
 }
 
 /// Largest NAME.toml accepted.
@@ -121,15 +126,19 @@ pub enum WaitReason {
     NameTaken,
     /// No instance slot for `describe`, or none left to reserve for it (`sandbox/pool.rs`).
     InstancePool,
+    /// `describe` did not answer within its deadline once (a busy host can make an honest plugin
+    /// late): it is tried again once, and refused if late again.
+    SlowDescribe,
 }
 
 impl WaitReason {
-    pub const ALL: [WaitReason; 5] = [
+    pub const ALL: [WaitReason; 6] = [
         WaitReason::Forbidden,
         WaitReason::NotServed,
         WaitReason::Unreachable,
         WaitReason::NameTaken,
         WaitReason::InstancePool,
+        WaitReason::SlowDescribe,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -139,6 +148,7 @@ impl WaitReason {
             WaitReason::Unreachable => "unreachable",
             WaitReason::NameTaken => "name_taken",
             WaitReason::InstancePool => "instance_pool",
+            WaitReason::SlowDescribe => "slow_describe",
         }
     }
 
@@ -190,6 +200,8 @@ pub enum FileStatus {
     Refused {
         error: String,
     },
+    /// Seen for the first time and being loaded now (compiled, described, granted, started).
+    Loading,
 }
 
 impl FileStatus {
@@ -199,7 +211,7 @@ impl FileStatus {
             FileStatus::Running { plugin, .. }
             | FileStatus::Disabled { plugin }
             | FileStatus::Waiting { plugin, .. } => Some(plugin),
-            FileStatus::Refused { .. } => None,
+            FileStatus::Refused { .. } | FileStatus::Loading => None,
         }
     }
 }
@@ -225,8 +237,88 @@ pub struct PluginManager {
     rescan_lock: Mutex<()>,
     /// Compiled components by digest, for the files in the directory (pruned at each rescan).
     compiled: Mutex<HashMap<String, Arc<Compiled>>>,
+    /// What `describe` returned, by file stem, for the content and settings it was for (pruned at
+    /// each rescan): a file that waits is not described again each time it is tried.
+    described: std::sync::Mutex<HashMap<String, (OnDisk, Arc<Description>)>>,
+    /// Files being loaded now, each by a task of its own (one at a time per file).
+    loading: std::sync::Mutex<HashMap<String, Loading>>,
+    /// Plugin names claimed by a load in progress, with the file claiming each.
+    claims: std::sync::Mutex<HashMap<String, String>>,
+    /// Plugin names whose controller is being stopped in the background (its in-flight calls end
+    /// first): no file starts a plugin under such a name until the stop is done.
+    stopping_names: std::sync::Mutex<HashMap<String, usize>>,
+    /// The background stops, so [`PluginManager::stop_all`] can wait for them.
+    retiring: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Files whose `describe` missed its deadline once, with the content it was for.
+    late_describes: std::sync::Mutex<HashMap<String, OnDisk>>,
+    /// `describe` calls at once: as many as the instance pool keeps slots for.
+    describe_turns: tokio::sync::Semaphore,
+    /// A load ended whose file changed (or went) meanwhile: rescan at once.
+    load_ended: tokio::sync::Notify,
+    /// Set by [`PluginManager::stop_all`]: nothing is loaded any more.
+    stopping: std::sync::atomic::AtomicBool,
     /// Set once the first scan has loaded what was there (for `/readyz`).
     scanned: std::sync::atomic::AtomicBool,
+}
+
+/// A load in progress.
+struct Loading {
+    /// The content being loaded.
+    disk: OnDisk,
+    /// A rescan saw the file change or go while it was being loaded: it is looked at again as soon
+    /// as this load ends.
+    changed: bool,
+    /// To cancel the load at shutdown.
+    abort: Option<tokio::task::AbortHandle>,
+}
+
+/// Ends a load's bookkeeping however the load ends (a panic included): the file is no longer
+/// loading, the name it claimed is free, and a rescan follows if the file changed meanwhile.
+struct LoadGuard {
+    manager: Arc<PluginManager>,
+    stem: String,
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        let m = &self.manager;
+        let ended = lock(&m.loading).remove(&self.stem);
+        lock(&m.claims).retain(|_, stem| *stem != self.stem);
+        if ended.is_some_and(|l| l.changed) {
+            m.load_ended.notify_one();
+        }
+    }
+}
+
+/// A plugin name whose controller is being stopped: free again when dropped (however the stop
+/// ends), and the files waiting for it are tried at once.
+struct NameStopping {
+    manager: Arc<PluginManager>,
+    name: String,
+}
+
+impl Drop for NameStopping {
+    fn drop(&mut self) {
+        let mut names = lock(&self.manager.stopping_names);
+        if let Some(n) = names.get_mut(&self.name) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                names.remove(&self.name);
+            }
+        }
+        drop(names);
+        self.manager.load_ended.notify_one();
+    }
+}
+
+/// How long one plugin's grant or Secret check at a rescan may take; one that does not answer in
+/// time changes nothing.
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A std mutex's guard; its data stays usable after a panic elsewhere (every holder leaves it
+/// consistent: single inserts and removals).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl PluginManager {
@@ -246,6 +338,17 @@ impl PluginManager {
             waiting: Mutex::default(),
             rescan_lock: Mutex::new(()),
             compiled: Mutex::default(),
+            described: Default::default(),
+            loading: Default::default(),
+            claims: Default::default(),
+            stopping_names: Default::default(),
+            retiring: Default::default(),
+            late_describes: Default::default(),
+            describe_turns: tokio::sync::Semaphore::new(
+                crate::sandbox::pool::DESCRIBE_SLOTS as usize,
+            ),
+            load_ended: tokio::sync::Notify::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             scanned: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -288,6 +391,7 @@ impl PluginManager {
                 _ = retry.tick() => {
                     if self.waiting.lock().await.is_empty() { continue; }
                 }
+                _ = self.load_ended.notified() => {}
             }
             self.rescan().await;
         }
@@ -318,9 +422,18 @@ impl PluginManager {
                     message: w.message.clone(),
                 });
         }
-        for (stem, (_, err)) in refused.iter() {
-            out.entry(stem.clone())
-                .or_insert_with(|| FileStatus::Refused { error: err.clone() });
+        {
+            let loading = lock(&self.loading);
+            for (stem, (disk, err)) in refused.iter() {
+                // A refused file being loaded again has changed since: it shows as loading.
+                if loading.get(stem).is_none_or(|l| l.disk == *disk) {
+                    out.entry(stem.clone())
+                        .or_insert_with(|| FileStatus::Refused { error: err.clone() });
+                }
+            }
+            for stem in loading.keys() {
+                out.entry(stem.clone()).or_insert(FileStatus::Loading);
+            }
         }
         out
     }
@@ -362,6 +475,7 @@ impl PluginManager {
                     FileStatus::Refused { error } => {
                         serde_json::json!({"state": "refused", "error": error})
                     }
+                    FileStatus::Loading => serde_json::json!({"state": "loading"}),
                 };
                 v["file"] = format!("{stem}.wasm").into();
                 if let Some(d) = running.get(stem) {
@@ -423,16 +537,27 @@ impl PluginManager {
             .map(f)
     }
 
-    /// Compares the directory with what runs and applies the difference.
-    pub async fn rescan(&self) {
+    /// Compares the directory with what runs and applies the difference. Removed files, revoked
+    /// grants, rotated Secrets and kinds served differently are dealt with here, before anything
+    /// is loaded; each new or changed file is then loaded by a task of its own, so one file's slow
+    /// load (a `describe` that sleeps, caches slow to fill) never delays another file's load nor
+    /// the next rescan. Returns the loads it started.
+    pub async fn rescan(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         let _one_at_a_time = self.rescan_lock.lock().await;
+        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return Vec::new();
+        }
         let on_disk = match self.read_dir() {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!(dir = %self.settings.dir.display(), "cannot read the plugins directory: {e:#}");
-                return;
+                return Vec::new();
             }
         };
+        // A file being loaded that changed or went meanwhile is looked at again once its load ends.
+        for (stem, l) in lock(&self.loading).iter_mut() {
+            l.changed |= on_disk.get(stem) != Some(&l.disk);
+        }
         // Removed files.
         let gone: Vec<String> = {
             let running = self.running.lock().await;
@@ -444,11 +569,8 @@ impl PluginManager {
         };
         let mut removed_plugins = Vec::new();
         for stem in gone {
-            let removed = self.running.lock().await.remove(&stem);
-            if let Some(r) = removed {
-                tracing::info!(plugin = %r.name, file = %stem, "plugin file removed: stopping");
-                removed_plugins.push(r.name.clone());
-                self.stop_running(r).await;
+            if let Some(disk) = self.retire(&stem, true).await {
+                tracing::info!(file = %disk.wasm.display(), "plugin file removed: stopping its plugin");
             }
         }
         self.refused
@@ -465,14 +587,7 @@ impl PluginManager {
         });
         // A removed plugin's series go too, unless another file runs or waits under its name.
         for plugin in removed_plugins {
-            let still_there = self.running.lock().await.values().any(|r| r.name == plugin)
-                || self
-                    .waiting
-                    .lock()
-                    .await
-                    .values()
-                    .any(|w| w.plugin == plugin);
-            if !still_there {
+            if !self.runs_or_waits(&plugin).await {
                 self.parts.metrics.forget_plugin(&plugin);
             }
         }
@@ -487,9 +602,12 @@ impl PluginManager {
                 .await
                 .retain(|sha, _| on_disk_shas.contains(sha));
         }
-        // New and changed files, in name order: of two files declaring one name, the first wins.
+        lock(&self.described).retain(|stem, (disk, _)| on_disk.get(stem) == Some(disk));
+        lock(&self.late_describes).retain(|stem, disk| on_disk.get(stem) == Some(disk));
+        // New and changed files, in name order.
         let mut stems: Vec<&String> = on_disk.keys().collect();
         stems.sort();
+        let mut loads = Vec::new();
         for stem in stems {
             let disk = &on_disk[stem];
             let unchanged = self
@@ -507,57 +625,52 @@ impl PluginManager {
             if unchanged || already_refused {
                 continue;
             }
-            match self.load(stem, disk).await {
-                Ok(()) => {
-                    self.refused.lock().await.remove(stem);
-                    if let Some(w) = self.waiting.lock().await.remove(stem) {
-                        self.set_waiting(&w.plugin, None);
-                    }
+            {
+                let mut loading = lock(&self.loading);
+                if loading.contains_key(stem) {
+                    // One load per file at a time.
+                    continue;
                 }
-                Err(LoadError::Waiting {
-                    plugin,
-                    reason,
-                    message,
-                }) => {
-                    self.refused.lock().await.remove(stem);
-                    self.set_waiting(&plugin, Some(reason));
-                    let mut waiting = self.waiting.lock().await;
-                    let changed = waiting
-                        .get(stem)
-                        .is_none_or(|w| w.message != message || w.disk != *disk);
-                    if changed {
-                        tracing::warn!(plugin = %plugin, file = %disk.wasm.display(), reason = reason.as_str(), "plugin waits: {message}");
-                    }
-                    waiting.insert(
-                        stem.clone(),
-                        Waiting {
-                            disk: disk.clone(),
-                            plugin,
-                            reason,
-                            message,
-                        },
-                    );
-                }
-                Err(LoadError::Refused(e)) => {
-                    // Compiler and describe errors can quote the component's own names and
-                    // strings: escaped and bounded before they reach the log or `/plugins`.
-                    let msg = crate::contract::validate::log_text(&format!("{e:#}"), 4096);
-                    let keeps = if self.running.lock().await.contains_key(stem) {
-                        "; the previous version keeps running"
-                    } else {
-                        ""
-                    };
-                    tracing::error!(file = %disk.wasm.display(), "plugin refused: {msg}{keeps}");
-                    if let Some(w) = self.waiting.lock().await.remove(stem) {
-                        self.set_waiting(&w.plugin, None);
-                    }
-                    self.refused
-                        .lock()
-                        .await
-                        .insert(stem.clone(), (disk.clone(), msg));
-                }
+                loading.insert(
+                    stem.clone(),
+                    Loading {
+                        disk: disk.clone(),
+                        changed: false,
+                        abort: None,
+                    },
+                );
             }
+            let guard = LoadGuard {
+                manager: self.clone(),
+                stem: stem.clone(),
+            };
+            let disk = disk.clone();
+            let load = tokio::spawn(async move {
+                let m = guard.manager.clone();
+                m.load_and_record(&guard.stem, &disk).await;
+                drop(guard);
+            });
+            if let Some(l) = lock(&self.loading).get_mut(stem) {
+                l.abort = Some(load.abort_handle());
+            }
+            loads.push(load);
         }
+        self.count_loaded().await;
+        loads
+    }
+
+    /// Scans the directory once and waits until every file it found has loaded, waits or is
+    /// refused; `/readyz` answers ready from then on.
+    pub async fn first_scan(self: &Arc<Self>) {
+        for load in self.rescan().await {
+            let _ = load.await;
+        }
+        self.scanned
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// `wcm_plugins_loaded`: the files whose plugin runs.
+    async fn count_loaded(&self) {
         let n = self
             .running
             .lock()
@@ -566,8 +679,68 @@ impl PluginManager {
             .filter(|r| r.controller.is_some())
             .count();
         self.parts.metrics.plugins_loaded(n);
-        self.scanned
-            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Loads one file and records how it went: running, waiting (tried again by itself) or
+    /// refused until the file changes.
+    async fn load_and_record(&self, stem: &str, disk: &OnDisk) {
+        match self.load(stem, disk).await {
+            Ok(()) => {
+                self.refused.lock().await.remove(stem);
+                if let Some(w) = self.waiting.lock().await.remove(stem) {
+                    self.set_waiting(&w.plugin, None);
+                }
+            }
+            Err(LoadError::Waiting {
+                plugin,
+                reason,
+                message,
+            }) => {
+                self.refused.lock().await.remove(stem);
+                let mut waiting = self.waiting.lock().await;
+                // It waited under its file's name before it was described (no instance slot).
+                if let Some(old) = waiting.get(stem)
+                    && old.plugin != plugin
+                {
+                    self.set_waiting(&old.plugin, None);
+                }
+                self.set_waiting(&plugin, Some(reason));
+                let changed = waiting
+                    .get(stem)
+                    .is_none_or(|w| w.message != message || w.disk != *disk);
+                if changed {
+                    tracing::warn!(plugin = %plugin, file = %disk.wasm.display(), reason = reason.as_str(), "plugin waits: {message}");
+                }
+                waiting.insert(
+                    stem.to_string(),
+                    Waiting {
+                        disk: disk.clone(),
+                        plugin,
+                        reason,
+                        message,
+                    },
+                );
+            }
+            Err(LoadError::Refused(e)) => {
+                // Compiler and describe errors can quote the component's own names and
+                // strings: escaped and bounded before they reach the log or `/plugins`.
+                let msg = crate::contract::validate::log_text(&format!("{e:#}"), 4096);
+                let keeps = if self.running.lock().await.contains_key(stem) {
+                    "; the previous version keeps running"
+                } else {
+                    ""
+                };
+                tracing::error!(file = %disk.wasm.display(), "plugin refused: {msg}{keeps}");
+                if let Some(w) = self.waiting.lock().await.remove(stem) {
+                    self.set_waiting(&w.plugin, None);
+                }
+                self.refused
+                    .lock()
+                    .await
+                    .insert(stem.to_string(), (disk.clone(), msg));
+            }
+        }
+        self.count_loaded().await;
     }
 
     /// Whether the first scan is done.
@@ -575,8 +748,9 @@ impl PluginManager {
         self.scanned.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Stops every running plugin whose identity lost a grant it needs; it waits again.
-    async fn recheck_grants(&self) {
+    /// Stops every running plugin whose identity lost a grant it needs; it waits again. The
+    /// plugins are checked side by side, each within [`RECHECK_TIMEOUT`].
+    async fn recheck_grants(self: &Arc<Self>) {
         let checks: Vec<(String, String, PluginIdentity, Vec<Access>)> = self
             .running
             .lock()
@@ -592,18 +766,27 @@ impl PluginManager {
                 ))
             })
             .collect();
-        for (stem, name, identity, accesses) in checks {
-            // An API server that does not answer revokes nothing.
-            let Ok(Some(denied)) = identity.first_denied(&accesses).await else {
+        let verdicts = futures::future::join_all(checks.into_iter().map(
+            |(stem, name, identity, accesses)| async move {
+                // An API server that does not answer (in time) revokes nothing.
+                let denied =
+                    tokio::time::timeout(RECHECK_TIMEOUT, identity.first_denied(&accesses)).await;
+                let message = match denied {
+                    Ok(Ok(Some(denied))) => Some(missing_grant(&identity, &denied)),
+                    _ => None,
+                };
+                (stem, name, message)
+            },
+        ))
+        .await;
+        for (stem, name, message) in verdicts {
+            let Some(message) = message else {
                 continue;
             };
-            let Some(r) = self.running.lock().await.remove(&stem) else {
+            let Some(disk) = self.retire(&stem, false).await else {
                 continue;
             };
-            let message = missing_grant(&identity, &denied);
             tracing::warn!(plugin = %name, "grant revoked, stopping the plugin: {message}");
-            let disk = r.disk.clone();
-            self.stop_running(r).await;
             self.set_waiting(&name, Some(WaitReason::Forbidden));
             self.waiting.lock().await.insert(
                 stem,
@@ -619,7 +802,8 @@ impl PluginManager {
 
     /// Reads the Secrets of every running plugin again; one whose values changed (a rotated
     /// credential) is loaded again by this rescan, so it runs with them without a restart. A
-    /// Secret that cannot be read now leaves the plugin running with what it has.
+    /// Secret that cannot be read now (or within [`RECHECK_TIMEOUT`]) leaves the plugin running
+    /// with what it has.
     async fn recheck_secrets(&self) {
         let checks: Vec<(String, PluginSettings, PluginIdentity, String)> = self
             .running
@@ -637,13 +821,20 @@ impl PluginManager {
                 ))
             })
             .collect();
-        for (stem, settings, identity, digest) in checks {
-            let Ok(now) = self.resolve_secrets(&settings, &identity).await else {
-                continue;
-            };
-            if digest_of(&now) != digest
-                && let Some(r) = self.running.lock().await.get_mut(&stem)
-            {
+        let rotated = futures::future::join_all(checks.into_iter().map(
+            |(stem, settings, identity, digest)| async move {
+                let now = tokio::time::timeout(
+                    RECHECK_TIMEOUT,
+                    self.resolve_secrets(&settings, &identity),
+                )
+                .await;
+                let rotated = matches!(now, Ok(Ok(now)) if digest_of(&now) != digest);
+                (stem, rotated)
+            },
+        ))
+        .await;
+        for (stem, rotated) in rotated {
+            if rotated && let Some(r) = self.running.lock().await.get_mut(&stem) {
                 tracing::info!(plugin = %r.name, "a Secret it reads changed: loading it again");
                 r.secrets_rotated = true;
             }
@@ -654,7 +845,7 @@ impl PluginManager {
     /// forgets a group when one of its CRDs changes): a plugin whose kinds now resolve to other
     /// informers — a CRD re-created with another scope — or are no longer served is stopped and
     /// loaded again by this rescan, and waits if its kind is gone.
-    async fn recheck_kinds(&self) {
+    async fn recheck_kinds(self: &Arc<Self>) {
         let running: Vec<(String, Vec<InformerKey>, Arc<Version>)> = {
             let running = self.running.lock().await;
             let mut out = Vec::new();
@@ -665,24 +856,73 @@ impl PluginManager {
             }
             out
         };
-        for (stem, keys, version) in running {
-            let now = resolve_watches(&self.parts.api, &version.description).await;
-            let same = match &now {
-                Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys.iter()),
-                // Not served any more (a 404); anything else (the API server unreachable) is no
-                // reason to stop a running plugin.
-                Err(f) => f.code != 404,
-            };
-            if same {
-                continue;
-            }
+        let verdicts = futures::future::join_all(running.into_iter().map(
+            |(stem, keys, version)| async move {
+                let now = resolve_watches(&self.parts.api, &version.description).await;
+                let same = match &now {
+                    Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys.iter()),
+                    // Not served any more (a 404); anything else (the API server unreachable) is
+                    // no reason to stop a running plugin.
+                    Err(f) => f.code != 404,
+                };
+                (stem, version.description.name.clone(), same)
+            },
+        ))
+        .await;
+        for (stem, name, same) in verdicts {
             // Stopped and loaded again by this rescan: it runs on the new informers, or waits
             // (not served) until its kind is back.
-            if let Some(r) = self.running.lock().await.remove(&stem) {
-                tracing::info!(plugin = %r.name, "a kind it watches is served differently now, or not at all: loading it again");
-                self.stop_running(r).await;
+            if !same && self.retire(&stem, false).await.is_some() {
+                tracing::info!(plugin = %name, "a kind it watches is served differently now, or not at all: loading it again");
             }
         }
+    }
+
+    /// Takes `stem`'s plugin out of what runs and stops it in the background: its in-flight calls
+    /// end first (up to their wall timeout), and neither the rescan nor any other file waits for
+    /// that. Its name stays taken until the stop is done. With `forget`, its metric series go
+    /// afterwards, unless another file runs or waits under its name by then. Returns the content it
+    /// ran.
+    async fn retire(self: &Arc<Self>, stem: &str, forget: bool) -> Option<OnDisk> {
+        let r = {
+            let mut running = self.running.lock().await;
+            let r = running.remove(stem)?;
+            *lock(&self.stopping_names)
+                .entry(r.name.clone())
+                .or_default() += 1;
+            r
+        };
+        let disk = r.disk.clone();
+        let name = NameStopping {
+            manager: self.clone(),
+            name: r.name.clone(),
+        };
+        let stop = tokio::spawn(async move {
+            let m = name.manager.clone();
+            m.stop_running(r).await;
+            let plugin = name.name.clone();
+            // The name is free from here; a file waiting for it is tried at once.
+            drop(name);
+            if forget && !m.runs_or_waits(&plugin).await {
+                m.parts.metrics.forget_plugin(&plugin);
+            }
+        });
+        let mut retiring = lock(&self.retiring);
+        retiring.retain(|t| !t.is_finished());
+        retiring.push(stop);
+        Some(disk)
+    }
+
+    /// Whether a file runs, waits or stops under the plugin name `plugin`.
+    async fn runs_or_waits(&self, plugin: &str) -> bool {
+        self.running.lock().await.values().any(|r| r.name == plugin)
+            || self
+                .waiting
+                .lock()
+                .await
+                .values()
+                .any(|w| w.plugin == plugin)
+            || lock(&self.stopping_names).contains_key(plugin)
     }
 
     /// `wcm_plugin_waiting` of `plugin`: 1 for `reason`, 0 for the others.
@@ -737,434 +977,40 @@ impl PluginManager {
         Ok(out)
     }
 
-    async fn load(&self, stem: &str, disk: &OnDisk) -> Result<(), LoadError> {
-        if let Some(why) = &disk.refusal {
-            return Err(anyhow::anyhow!("{why}").into());
-        }
-        let settings = match &disk.settings_text {
-            Some(text) => PluginSettings::parse(text).map_err(|e| {
-                anyhow::anyhow!("{}: {e}", disk.wasm.with_extension("toml").display())
-            })?,
-            None => PluginSettings::default(),
-        };
-        let compiled = self.compile(disk).await?;
-        let limits = settings.limits(&self.settings.default_limits);
-        let describe_services = Arc::new(Services::for_describe(stem, settings.config.clone()));
-        let mut description = self
-            .parts
-            .runtime
-            .describe(&compiled, describe_services, &limits)
-            .await
-            .map_err(|e| {
-                let why = crate::contract::validate::log_text(&e.to_string(), 4096);
-                match e {
-                    // The pool is in use now, which says nothing about the file: it waits and
-                    // is described again.
-                    CallError::PoolFull(_) => LoadError::Waiting {
-                        plugin: stem.to_string(),
-                        reason: WaitReason::InstancePool,
-                        message: format!("describe waits for an instance slot: {why}"),
-                    },
-                    _ => anyhow::anyhow!("describe failed: {why}").into(),
-                }
-            })?;
-        if let Some(name) = &settings.name {
-            description.name = name.clone();
-        }
-        crate::contract::validate::description(&description).map_err(anyhow::Error::msg)?;
-        let name = description.name.clone();
-        // The name is the plugin's identity (its ServiceAccount): a new version of a file may not
-        // take another one. Renaming is the operator's: a new file, or `name` in NAME.toml.
-        if let Some(r) = self.running.lock().await.get(stem)
-            && r.name != name
-            && settings.name.is_none()
-            && r.disk.settings_text == disk.settings_text
-        {
-            return Err(anyhow::anyhow!(
-                "the new version declares the name {name:?}, but this file runs {:?}: a plugin's name is its identity; to rename it, set `name` in {stem}.toml or use a new file",
-                r.name
-            )
-            .into());
-        }
-        let waiting = |reason: WaitReason, message: String| LoadError::Waiting {
-            plugin: name.clone(),
-            reason,
-            message,
-        };
-        {
-            let running = self.running.lock().await;
-            if let Some((other, _)) = running
-                .iter()
-                .find(|(s, r)| r.name == name && s.as_str() != stem)
-            {
-                return Err(waiting(
-                    WaitReason::NameTaken,
-                    format!(
-                        "plugin name {name:?} is used by {other}.wasm; this file starts when that one goes"
-                    ),
-                ));
-            }
-        }
-        let watches = resolve_watches(&self.parts.api, &description)
-            .await
-            .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
-        // The watch budget, before anything else is asked of the API server as the plugin: a
-        // plugin over it opens no stream at all (nor reads a Secret, nor reviews a grant).
-        let budgets = settings.budgets(&self.settings.budgets);
-        let streams = distinct_streams(watches.iter().map(|(k, _)| k));
-        if streams > budgets.max_watch_streams as usize {
-            self.parts.metrics.plugin_refused(REFUSED_WATCH_BUDGET);
-            return Err(anyhow::anyhow!(
-                "plugin {name} needs {streams} list+watch streams (the distinct kinds, namespaces, label selectors and metadata-only among its {} watches), over its budget of {} (--max-watch-streams-per-plugin, or max_watch_streams in {stem}.toml); no watch was opened",
-                watches.len(),
-                budgets.max_watch_streams,
-            )
-            .into());
-        }
-        let identity = PluginIdentity::new(&self.kube_config, &self.settings.identity, &name)?;
-        let secrets = self
-            .resolve_secrets(&settings, &identity)
-            .await
-            .map_err(|(f, m)| waiting(WaitReason::of(&f), m))?;
-        let secrets_digest = digest_of(&secrets);
-        let protected = self.settings.identity.protected_namespaces();
-        let scope = Scope::resolve(
-            settings.namespaces.as_deref(),
-            &watches
-                .iter()
-                .map(|(k, namespaced)| WatchScope {
-                    namespace: k.namespace.as_deref(),
-                    namespaced: *namespaced,
-                })
-                .collect::<Vec<_>>(),
-            &protected,
-        );
-        let grants = Permissions::new(description.permissions.clone())
-            .resolve(self.parts.api.discovery(), scope, protected)
-            .await
-            .map_err(|f| waiting(WaitReason::of(&f), f.message))?;
-        let acts_in = grants.scope().to_string();
-        let accesses = watch_accesses(&watches);
-        match identity.first_denied(&accesses).await {
-            Ok(None) => {}
-            Ok(Some(denied)) => {
-                return Err(waiting(
-                    WaitReason::Forbidden,
-                    missing_grant(&identity, &denied),
-                ));
-            }
-            Err(e) => {
-                return Err(waiting(
-                    WaitReason::Unreachable,
-                    format!(
-                        "cannot check the grants of {} (does the host may impersonate it?): {e:#}",
-                        identity.username
-                    ),
-                ));
-            }
-        }
-        // The shared informers list and watch as the host: without that right of its own their
-        // caches would never fill, and the start would wait for them until its timeout.
-        match crate::cluster::identity::first_denied(self.parts.informers.client(), &accesses).await
-        {
-            Ok(None) => {}
-            Ok(Some(denied)) => {
-                return Err(waiting(
-                    WaitReason::Forbidden,
-                    format!(
-                        "the host's own identity may not {} {} (group {:?}){}: grant it what `wasm-controller-manager rbac --host-service-account NAMESPACE/NAME` prints",
-                        denied.verb,
-                        denied.resource,
-                        denied.group,
-                        denied
-                            .namespace
-                            .as_deref()
-                            .map(|n| format!(" in namespace {n}"))
-                            .unwrap_or_default()
-                    ),
-                ));
-            }
-            Err(e) => {
-                return Err(waiting(
-                    WaitReason::Unreachable,
-                    format!("cannot check the host's own grants: {e:#}"),
-                ));
-            }
-        }
-        let keys: Vec<_> = watches.iter().map(|(k, _)| k.clone()).collect();
-        let namespaced: Vec<bool> = watches.iter().map(|(_, n)| *n).collect();
-        let asked = settings
-            .workers
-            .or(description.workers)
-            .unwrap_or(self.settings.default_workers)
-            .max(1);
-        // A worker holds at most one instance: never more workers than the plugin may have
-        // instances, or a worker would wait for a slot while holding its key.
-        let workers = asked
-            .min(self.settings.max_workers.max(1))
-            .min(budgets.max_instances.max(1));
-        if workers < asked {
-            tracing::warn!(plugin = %name, asked, workers, "workers capped (--max-workers-per-plugin, --max-instances-per-plugin)");
-        }
-        let resync = settings
-            .resync_seconds
-            .or(description.resync_seconds)
-            .map(|s| Duration::from_secs(u64::from(s)));
-
-        // A slot of the instance pool of its own, so its first instance never waits for the other
-        // plugins'; taken before the running version is touched, so without one the running
-        // version keeps running and this one waits.
-        let selected = self.settings.controllers.enables(&name);
-        let share = if settings.enabled() && selected {
-            Some(
-                self.parts
-                    .runtime
-                    .pool()
-                    .reserve()
-                    .map_err(|m| waiting(WaitReason::InstancePool, m))?,
-            )
-        } else {
-            None
-        };
-
-        // Nothing below holds `running` while it waits (a stop drains in-flight reconciles, a start
-        // waits for caches): status and the other plugins stay answerable.
-        let previous = self.running.lock().await.remove(stem);
-        // Hosts: what the plugin declared and the operator allowed (globally or for this plugin),
-        // compared after normalising host and port on both sides.
-        let allowed: Vec<String> = self
-            .settings
-            .allowed_hosts
-            .iter()
-            .chain(&settings.allowed_hosts)
-            .cloned()
-            .collect();
-        let (allowed_hosts, notes) = effective_hosts(&description.outbound_hosts, &allowed);
-        for n in notes {
-            tracing::info!(plugin = %name, "outbound hosts: {n}");
-        }
-        let protected_ips = api_server_ips(&self.kube_config).await;
-        let Some(share) = share else {
-            if let Some(p) = previous {
-                self.stop_running(p).await;
-            }
-            let by = if selected {
-                "its settings"
-            } else {
-                "--controllers"
-            };
-            tracing::info!(plugin = %name, "plugin disabled by {by}");
-            self.running.lock().await.insert(
-                stem.to_string(),
-                Running {
-                    name: name.clone(),
-                    disk: disk.clone(),
-                    controller: None,
-                    accesses: Vec::new(),
-                    identity: None,
-                    secrets_digest: String::new(),
-                    secrets_rotated: false,
-                },
-            );
-            return Ok(());
-        };
-        let mut previous = previous.and_then(|p| p.controller);
-        let same_shape = match &previous {
-            Some(c) => c.name == name && c.fits(&keys, workers, &description, resync).await,
-            None => false,
-        };
-        // A restarted controller's new informers start before the old ones stop, so the streams
-        // both versions need keep their caches. When the two together are over the budget, the
-        // old version stops first: a plugin never holds more streams than its budget, not even
-        // while a new version starts.
-        if !same_shape
-            && let Some(c) = previous.take_if(|c| {
-                distinct_streams(c.informer_keys().iter().chain(&keys))
-                    > budgets.max_watch_streams as usize
-            })
-        {
-            tracing::info!(plugin = %name, "the running and the new version together need more list+watch streams than the budget: stopping the running one before the new one starts");
-            let old_name = c.name.clone();
-            c.stop().await;
-            if old_name != name {
-                self.events.unregister(&old_name);
-            }
-        }
-        let informers: Vec<_> = keys
-            .iter()
-            .map(|k| self.parts.informers.acquire(k.clone()))
-            .collect();
-        // Per plugin, the plugin's election; a version swapped in keeps the running one's.
-        let gate = self.parts.election.gate(&name);
-        self.events
-            .register(&name, identity.client().clone(), gate.tenure.clone());
-        let services = Arc::new(
-            Services::new(
-                &name,
-                Reach {
-                    grants,
-                    identity: identity.clone(),
-                    api: self.parts.api.clone(),
-                    cache: plugin_cache(&informers),
-                    events: self.events.clone(),
-                    secrets,
-                    metrics: self.parts.metrics.clone(),
-                    tenure: gate.tenure.clone(),
-                },
-                settings.config.clone(),
-                &budgets,
-                allowed_hosts,
-                protected_ips,
-            )
-            .with_recorder(self.settings.recorder.clone())
-            .with_share(share),
-        );
-        let sha = compiled.sha256.clone();
-        let contract = compiled.contract_version();
-        // The operator's choice, else the plugin's own (validated at load), else per call.
-        let isolation = settings
-            .isolation
-            .or(isolation::declared(&description).ok().flatten())
-            .unwrap_or_default();
-        let version = Version {
-            compiled,
-            description,
-            services,
-            limits,
-            isolation,
-            id: Version::next_id(),
-        };
-        let controller = match previous {
-            Some(c) if same_shape => {
-                tracing::info!(plugin = %name, sha256 = %sha, "new version: replacing in place (queue kept, every key reconciled again)");
-                c.swap(version).await;
-                c
-            }
-            other => {
-                if let Some(c) = other {
-                    tracing::info!(plugin = %name, "new version watches, maps or resyncs differently: restarting its controller");
-                    let old_name = c.name.clone();
-                    c.stop().await;
-                    if old_name != name {
-                        self.events.unregister(&old_name);
-                    }
-                }
-                match Controller::start(
-                    &self.parts,
-                    informers,
-                    namespaced,
-                    version,
-                    workers,
-                    resync,
-                    gate,
-                )
-                .await
-                {
-                    Ok(c) => c,
-                    Err(why) => {
-                        self.events.unregister(&name);
-                        return Err(waiting(WaitReason::Unreachable, why));
-                    }
-                }
-            }
-        };
-        tracing::info!(plugin = %name, file = %disk.wasm.display(), sha256 = %sha, contract, identity = %identity.username, %acts_in, "plugin running");
-        self.running.lock().await.insert(
-            stem.to_string(),
-            Running {
-                name,
-                disk: disk.clone(),
-                controller: Some(controller),
-                accesses,
-                identity: Some(identity),
-                secrets_digest,
-                secrets_rotated: false,
-            },
-        );
-        Ok(())
-    }
-
-    /// The compiled component of these bytes: from the memo when the same bytes were compiled
-    /// before (a waiting plugin is tried again every few seconds; it is not compiled each time).
-    async fn compile(&self, disk: &OnDisk) -> anyhow::Result<Arc<Compiled>> {
-        if let Some(c) = self.compiled.lock().await.get(&disk.wasm_sha) {
-            return Ok(c.clone());
-        }
-        let bytes = disk.bytes.clone();
-        let runtime = self.parts.runtime.clone();
-        let compiled = Arc::new(
-            tokio::task::spawn_blocking(move || runtime.compile(&bytes))
-                .await
-                .context("compile task")??,
-        );
-        self.compiled
-            .lock()
-            .await
-            .insert(disk.wasm_sha.clone(), compiled.clone());
-        Ok(compiled)
-    }
-
-    /// Reads the Secrets named in NAME.toml as the plugin (its identity must be allowed to).
-    async fn resolve_secrets(
-        &self,
-        settings: &PluginSettings,
-        identity: &PluginIdentity,
-    ) -> Result<BTreeMap<String, String>, (ApiFailure, String)> {
-        let mut out = BTreeMap::new();
-        // Several keys usually come from one Secret: each Secret is read once per resolve.
-        let mut read: HashMap<(String, String), Secret> = HashMap::new();
-        for (key, reference) in &settings.secrets {
-            let r = SecretRef::parse(reference).map_err(|e| {
-                (
-                    ApiFailure::bad_request(e.clone()),
-                    format!("secrets.{key}: {e}"),
-                )
-            })?;
-            let id = (r.namespace.clone(), r.name.clone());
-            if !read.contains_key(&id) {
-                let api: Api<Secret> = Api::namespaced(identity.client().clone(), &r.namespace);
-                let secret = api.get(&r.name).await.map_err(|e| {
-                    let f = ApiFailure::from_kube(e);
-                    let m = format!(
-                        "secrets.{key}: read Secret {}/{} as {}: {} ({})",
-                        r.namespace, r.name, identity.username, f.message, f.reason
-                    );
-                    (f, m)
-                })?;
-                read.insert(id.clone(), secret);
-            }
-            let value = read
-                .get(&id)
-                .and_then(|s| s.data.as_ref())
-                .and_then(|d| d.get(&r.key).cloned())
-                .ok_or_else(|| {
-                    (
-                        ApiFailure::not_found("no such key"),
-                        format!(
-                            "secrets.{key}: Secret {}/{} has no key {:?}",
-                            r.namespace, r.name, r.key
-                        ),
-                    )
-                })?;
-            let text = String::from_utf8(value.0).map_err(|_| {
-                (
-                    ApiFailure::bad_request("not UTF-8"),
-                    format!("secrets.{key}: the value is not UTF-8"),
-                )
-            })?;
-            out.insert(key.clone(), text);
-        }
-        Ok(out)
-    }
-
-    /// Stops every plugin.
+    /// Stops every plugin: no load starts any more; the loads in progress get a few seconds to end
+    /// by themselves and are then cancelled (a controller a cancelled load held ends its tasks when
+    /// dropped); the plugins being stopped in the background and then every running plugin stop,
+    /// each letting its in-flight calls end.
     pub async fn stop_all(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        // Held: no rescan is between its check of `stopping` and the start of its loads.
+        drop(self.rescan_lock.lock().await);
+        let deadline = tokio::time::Instant::now() + LOADS_AT_STOP;
+        while !lock(&self.loading).is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for l in lock(&self.loading).values() {
+            if let Some(a) = &l.abort {
+                a.abort();
+            }
+        }
+        while !lock(&self.loading).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let retiring = std::mem::take(&mut *lock(&self.retiring));
+        for stop in retiring {
+            let _ = stop.await;
+        }
         let all: Vec<Running> = self.running.lock().await.drain().map(|(_, r)| r).collect();
         for r in all {
             self.stop_running(r).await;
         }
     }
 }
+
+/// How long the loads in progress at a stop may take to end by themselves.
+const LOADS_AT_STOP: Duration = Duration::from_secs(5);
 
 /// `wcm_plugins_refused_total{reason}` of a plugin that needs more list+watch streams than its
 /// budget.
@@ -1176,50 +1022,6 @@ pub fn distinct_streams<'a>(keys: impl IntoIterator<Item = &'a InformerKey>) -> 
     keys.into_iter()
         .collect::<std::collections::HashSet<_>>()
         .len()
-}
-
-/// What a plugin's identity must be allowed so the host serves it from shared informers: list and
-/// watch of each watched kind, in the watched namespace (or all).
-fn watch_accesses(watches: &[(InformerKey, bool)]) -> Vec<Access> {
-    let mut out = Vec::new();
-    for (k, _) in watches {
-        for verb in ["list", "watch"] {
-            let a = Access {
-                verb,
-                group: k.group.clone(),
-                resource: k.plural.clone(),
-                namespace: k.namespace.clone(),
-            };
-            if !out.contains(&a) {
-                out.push(a);
-            }
-        }
-    }
-    out
-}
-
-fn missing_grant(identity: &PluginIdentity, denied: &Access) -> String {
-    format!(
-        "{} may not {denied}: apply the RBAC that `wasm-controller-manager rbac` prints for this plugin",
-        identity.username
-    )
-}
-
-/// The API server's addresses: outbound HTTP from plugins never reaches them unless the operator
-/// allowed one by address.
-async fn api_server_ips(config: &kube::Config) -> Vec<IpAddr> {
-    let Some(host) = config.cluster_url.host() else {
-        return Vec::new();
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return vec![ip];
-    }
-    let port = config.cluster_url.port_u16().unwrap_or(443);
-    match tokio::net::lookup_host((host, port)).await {
-        Ok(addrs) => addrs.map(|a| a.ip()).collect(),
-        Err(_) => Vec::new(),
-    }
 }
 
 fn wasm_stem(path: &Path) -> Option<String> {

@@ -33,6 +33,12 @@ pub struct PluginSettings {
     /// and --plugin-api-burst).
     pub api_qps: Option<f64>,
     pub api_burst: Option<u32>,
+    /// Outbound HTTP requests per second of this plugin, and the burst above it (default:
+    /// --plugin-http-qps and --plugin-http-burst; 0: no limit).
+    pub http_qps: Option<f64>,
+    pub http_burst: Option<u32>,
+    /// The shortest `requeue-after` of this plugin, milliseconds (default: --min-requeue-after-ms).
+    pub min_requeue_after_ms: Option<u64>,
     /// Instances of this plugin alive at once, warm ones included (default:
     /// --max-instances-per-plugin).
     pub max_instances: Option<u32>,
@@ -96,6 +102,12 @@ impl PluginSettings {
         if s.api_qps.is_some_and(|q| !q.is_finite() || q < 0.0) {
             return Err("api_qps must be a number of at least 0 (0: no per-plugin limit)".into());
         }
+        if s.http_qps.is_some_and(|q| !q.is_finite() || q < 0.0) {
+            return Err("http_qps must be a number of at least 0 (0: no per-plugin limit)".into());
+        }
+        if s.http_burst == Some(0) {
+            return Err("http_burst must be at least 1".into());
+        }
         Ok(s)
     }
 
@@ -111,6 +123,11 @@ impl PluginSettings {
             max_instances: self.max_instances.unwrap_or(defaults.max_instances),
             cpu_share: self.cpu_share.unwrap_or(defaults.cpu_share),
             max_watch_streams: self.max_watch_streams.unwrap_or(defaults.max_watch_streams),
+            http_qps: self.http_qps.unwrap_or(defaults.http_qps),
+            http_burst: self.http_burst.unwrap_or(defaults.http_burst),
+            min_requeue_after: self
+                .min_requeue_after_ms
+                .map_or(defaults.min_requeue_after, Duration::from_millis),
             ..*defaults
         }
     }
@@ -302,6 +319,27 @@ mod tests {
         assert!(PluginSettings::parse("workers = \"two\"").is_err());
         assert!(PluginSettings::parse("isolation = \"none\"").is_err());
         assert!(PluginSettings::parse("max_watch_streams = 0").is_err());
+    }
+
+    #[test]
+    fn the_http_rate_and_the_requeue_floor_are_the_flags_unless_the_operator_sets_them() {
+        let defaults = BudgetSettings::default();
+        let none = PluginSettings::parse("").expect("valid").budgets(&defaults);
+        assert_eq!(
+            (none.http_qps, none.http_burst, none.min_requeue_after),
+            (20.0, 40, Duration::from_secs(1))
+        );
+        let set =
+            PluginSettings::parse("http_qps = 2.5\nhttp_burst = 5\nmin_requeue_after_ms = 200")
+                .expect("valid")
+                .budgets(&defaults);
+        assert_eq!(
+            (set.http_qps, set.http_burst, set.min_requeue_after),
+            (2.5, 5, Duration::from_millis(200))
+        );
+        for bad in ["http_qps = -1.0", "http_qps = nan", "http_burst = 0"] {
+            assert!(PluginSettings::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

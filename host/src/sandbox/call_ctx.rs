@@ -83,6 +83,7 @@ impl CallCtx {
             services.allowed_hosts.clone(),
             services.protected_ips.clone(),
             services.metrics().cloned(),
+            services.budgets.http.clone(),
         );
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
@@ -182,17 +183,17 @@ impl CallCtx {
         self.http_policy.begin_call();
     }
 
+    /// Sets when the current call's wall time ends (outbound HTTP does not wait for its rate past it).
+    pub(crate) fn set_deadline(&mut self, deadline: std::time::Instant) {
+        self.http_policy.set_deadline(deadline);
+    }
+
     /// The guest's run time so far and the part of it since the last tick.
     pub(crate) fn tick(&mut self) -> (Duration, Duration) {
         let total = self.clock.elapsed();
         let segment = total.saturating_sub(self.charged);
         self.charged = total;
         (total, segment)
-    }
-
-    /// The guest time of the whole call.
-    pub(crate) fn guest_time(&self) -> Duration {
-        self.clock.elapsed()
     }
 
     /// Bytes the guest has printed in this store's life.

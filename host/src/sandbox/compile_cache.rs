@@ -6,6 +6,10 @@
 //! a regular file (not a symlink) owned by this process's user and not writable by group or others,
 //! in a directory with the same properties. Anything else is logged and the component is compiled
 //! from the wasm bytes instead.
+//!
+//! A compile is done in a short-lived child process when the host runs as the binary
+//! (`compiler.rs`): the child writes the artifact here, and this process maps it under the same
+//! checks, so the compile's memory goes back to the system when the child exits.
 
 use std::fs::{DirBuilder, File, Metadata, OpenOptions};
 use std::hash::{Hash, Hasher};
@@ -20,6 +24,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::compiler::{self, ChildCompile};
 use crate::safe_fs::{ELOOP, kind_of, open_no_follow};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -27,7 +32,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn engine_key(engine: &Engine) -> String {
+pub(super) fn engine_key(engine: &Engine) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
     format!("{:016x}", h.finish())
@@ -54,61 +59,169 @@ enum CacheRefusal {
     Io(#[from] std::io::Error),
 }
 
-/// Loads the precompiled artifact if there is one this host wrote, else compiles and stores it.
-/// Returns the component and whether it came from the cache.
+/// A component ready to link, and how it was had.
+pub struct Loaded {
+    pub component: Component,
+    /// Mapped from an artifact an earlier compile left in the cache.
+    pub from_cache: bool,
+    /// The peak resident memory of the compile, when a child process compiled it.
+    pub compile_peak: Option<u64>,
+}
+
+impl Loaded {
+    fn compiled_here(component: Component) -> Loaded {
+        Loaded {
+            component,
+            from_cache: false,
+            compile_peak: None,
+        }
+    }
+}
+
+/// Loads the precompiled artifact if there is one this host wrote, else compiles and stores it:
+/// in a child process when `child` is given (the artifact is then mapped from the file the child
+/// wrote, under the same checks as a cached one; without a usable cache directory the hand-over
+/// goes through a private temporary directory), else in this process.
 pub fn load_or_compile(
     engine: &Engine,
     dir: Option<&Path>,
     sha256: &str,
     wasm: &[u8],
-) -> Result<(Component, bool)> {
-    let Some(dir) = dir else {
-        return Ok((compile(engine, wasm)?, false));
-    };
+    child: Option<&ChildCompile>,
+) -> Result<Loaded> {
     let euid = match effective_uid() {
         Ok(uid) => uid,
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), "compile cache not used: cannot tell this process's uid: {e:#}");
-            return Ok((compile(engine, wasm)?, false));
+            // Without /proc neither the artifact's owner nor a child's memory can be checked.
+            tracing::warn!(
+                "compiling in this process, without the compile cache: cannot tell this process's uid: {e:#}"
+            );
+            return Ok(Loaded::compiled_here(compile(engine, wasm)?));
         }
     };
-    if let Err(refusal) = prepare_dir(dir, euid) {
-        tracing::warn!(dir = %dir.display(), "compile cache directory refused, compiling without it: the directory {refusal}");
-        return Ok((compile(engine, wasm)?, false));
-    }
+    let dir = match dir.map(|d| (d, prepare_dir(d, euid))) {
+        Some((d, Ok(()))) => Some(d),
+        Some((d, Err(refusal))) => {
+            tracing::warn!(dir = %d.display(), "compile cache directory refused, compiling without it: the directory {refusal}");
+            None
+        }
+        None => None,
+    };
+    let Some(dir) = dir else {
+        return match child {
+            Some(c) => compile_through_private_dir(engine, c, euid, wasm),
+            None => Ok(Loaded::compiled_here(compile(engine, wasm)?)),
+        };
+    };
     let path = dir.join(format!("{sha256}-{}.cwasm", engine_key(engine)));
     match open_artifact(&path, euid) {
-        Ok(Some(file)) => {
-            // Mapped rather than read: the code pages are the file's, shared with the page cache,
-            // and only those a call touches become resident. `/proc/self/fd/N` opens the very file
-            // the checks were made on, not whatever the path names by now.
-            let checked = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-            // SAFETY: the descriptor's file is checked to be a regular file of this user, writable
-            // by no one else, in a directory only this user can write: written by `store` from
-            // `Component::serialize` of an engine with the same compatibility hash (it is in the
-            // name). It is never written in place (a new artifact is renamed over it), so the
-            // mapping does not change under the engine.
-            match unsafe { Component::deserialize_file(engine, &checked) } {
-                Ok(c) => return Ok((c, true)),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), "precompiled artifact unusable, compiling again: {e:#}")
-                }
+        Ok(Some(file)) => match map_checked(engine, &file) {
+            Ok(component) => {
+                return Ok(Loaded {
+                    component,
+                    from_cache: true,
+                    compile_peak: None,
+                });
             }
-        }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "precompiled artifact unusable, compiling again: {e:#}")
+            }
+        },
         Ok(None) => {}
         Err(refusal) => {
             tracing::warn!(path = %path.display(), "precompiled artifact refused, compiling from the wasm instead: the file {refusal}")
         }
+    }
+    if let Some(c) = child {
+        // The child writes the artifact by `write_artifact` (a new private file renamed into
+        // place, so a refused file is replaced, never written through).
+        let peak = compiler::compile_in_child(engine, c, wasm, dir, &path)?;
+        return Ok(Loaded {
+            component: load_written(engine, &path, euid)?,
+            from_cache: false,
+            compile_peak: Some(peak),
+        });
     }
     let component = compile(engine, wasm)?;
     // Replaces a refused file too: the rename swaps the directory entry, never writes through it.
     if let Err(e) = store(&component, dir, &path) {
         tracing::warn!(path = %path.display(), "could not write the precompiled artifact: {e:#}");
     }
-    Ok((component, false))
+    Ok(Loaded::compiled_here(component))
+}
+
+/// Maps the artifact behind a checked descriptor.
+fn map_checked(engine: &Engine, file: &File) -> Result<Component> {
+    // Mapped rather than read: the code pages are the file's, shared with the page cache, and
+    // only those a call touches become resident. `/proc/self/fd/N` opens the very file the checks
+    // were made on, not whatever the path names by now.
+    let checked = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    // SAFETY: the descriptor's file is checked to be a regular file of this user, writable by no
+    // one else, in a directory only this user can write: written by `write_artifact` (here or in
+    // a compile child of this same binary) from a serialisation by an engine with the same
+    // compatibility hash (it is in the name, and the child checks it). It is never written in
+    // place (a new artifact is renamed over it), so the mapping does not change under the engine.
+    unsafe { Component::deserialize_file(engine, &checked) }.map_err(|e| anyhow::anyhow!("{e:#}"))
+}
+
+/// The artifact a compile child just wrote, under the checks a cached one passes.
+fn load_written(engine: &Engine, path: &Path, euid: u32) -> Result<Component> {
+    let file = open_artifact(path, euid)
+        .map_err(|r| anyhow::anyhow!("the compiled artifact {} {r}", path.display()))?
+        .ok_or_else(|| {
+            anyhow::anyhow!("the compile process left no artifact at {}", path.display())
+        })?;
+    map_checked(engine, &file)
+}
+
+/// Without a usable compile cache: the child writes into a directory made for this one compile
+/// (mode 700, a fresh name), the artifact is mapped, and the directory is removed (the mapping
+/// keeps the file's pages).
+fn compile_through_private_dir(
+    engine: &Engine,
+    child: &ChildCompile,
+    euid: u32,
+    wasm: &[u8],
+) -> Result<Loaded> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "wcm-compile-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    // Not recursive: the name must be new, so nothing prepared by another user is used.
+    if let Err(e) = DirBuilder::new().mode(0o700).create(&dir) {
+        // E.g. `inspect` run in the Pod, whose root (and /tmp) is read-only: better a compile in
+        // this short-lived process than none.
+        tracing::warn!(
+            "compiling in this process: no usable --compile-cache, and no private directory for a compile child could be made in {} ({e}; set TMPDIR or give --compile-cache)",
+            std::env::temp_dir().display()
+        );
+        return Ok(Loaded::compiled_here(compile(engine, wasm)?));
+    }
+    let result = (|| {
+        let meta = std::fs::symlink_metadata(&dir)?;
+        check_owner_and_mode(&meta, euid)
+            .map_err(|r| anyhow::anyhow!("the directory {} {r}", dir.display()))?;
+        let path = dir.join("artifact.cwasm");
+        let peak = compiler::compile_in_child(engine, child, wasm, &dir, &path)?;
+        Ok(Loaded {
+            component: load_written(engine, &path, euid)?,
+            from_cache: false,
+            compile_peak: Some(peak),
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 fn compile(engine: &Engine, wasm: &[u8]) -> Result<Component> {
+    check_header(wasm)?;
+    Component::new(engine, wasm).map_err(|e| anyhow::anyhow!("invalid component: {e:#}"))
+}
+
+/// A WebAssembly component, by its header; a core module is refused with what to do instead.
+pub(super) fn check_header(wasm: &[u8]) -> Result<()> {
     if !wasm.starts_with(b"\0asm") {
         anyhow::bail!("not a WebAssembly file (no \\0asm header)");
     }
@@ -117,12 +230,12 @@ fn compile(engine: &Engine, wasm: &[u8]) -> Result<Component> {
             "a core WebAssembly module, not a component: build it for wasm32-wasip2 (cargo build --target wasm32-wasip2)"
         );
     }
-    Component::new(engine, wasm).map_err(|e| anyhow::anyhow!("invalid component: {e:#}"))
+    Ok(())
 }
 
 /// The effective uid, from `/proc/self/status` (`Uid: real effective saved fs`): the `libc` crate
 /// is not a direct dependency. Without `/proc` the cache is not used.
-fn effective_uid() -> Result<u32> {
+pub(super) fn effective_uid() -> Result<u32> {
     let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
     status
         .lines()
@@ -201,7 +314,7 @@ fn store(component: &Component, dir: &Path, path: &Path) -> Result<()> {
 
 /// Writes a new file (O_EXCL, mode 600, a name no one can have prepared), syncs it, then renames it
 /// into place: a reader never sees half a file, and nothing planted is written through.
-fn write_artifact(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+pub(super) fn write_artifact(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -385,13 +498,17 @@ mod tests {
         std::fs::write(&path, &genuine).expect("plant");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
         let (_, from_cache) =
-            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT).expect("compiles");
+            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT, None)
+                .map(|l| ((), l.from_cache))
+                .expect("compiles");
         assert!(!from_cache, "a group/world-writable artifact was loaded");
         // Compiled and stored again, privately: the next load uses it.
         let meta = std::fs::symlink_metadata(&path).expect("stat");
         assert_eq!(meta.mode() & 0o777, 0o600);
         let (_, from_cache) =
-            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT).expect("loads");
+            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT, None)
+                .map(|l| ((), l.from_cache))
+                .expect("loads");
         assert!(from_cache);
     }
 
@@ -403,8 +520,10 @@ mod tests {
         prepare_dir(&t.cache(), euid()).expect("prepare");
         std::fs::set_permissions(t.cache(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         for _ in 0..2 {
-            let (_, from_cache) = load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT)
-                .expect("compiles");
+            let (_, from_cache) =
+                load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT, None)
+                    .map(|l| ((), l.from_cache))
+                    .expect("compiles");
             assert!(!from_cache);
         }
         assert_eq!(std::fs::read_dir(t.cache()).expect("ls").count(), 0);

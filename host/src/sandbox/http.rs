@@ -24,6 +24,7 @@ use tokio_rustls::rustls;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
+use crate::cluster::services::HttpBudget;
 use crate::metrics::Metrics;
 use crate::sandbox::tape::Tape;
 
@@ -42,8 +43,6 @@ const DENIAL_WARNINGS_PER_WINDOW: u32 = 10;
 const DENIAL_WINDOW: Duration = Duration::from_secs(60);
 /// wasmtime-wasi-http's defaults when the guest sets no request options.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-/// Addresses of one name that are checked and tried; a name with more is cut short.
-const MAX_ADDRESSES: usize = 32;
 /// Warnings [`effective_hosts`] returns at most (the declared list comes from the guest).
 const MAX_WARNINGS: usize = 20;
 
@@ -548,6 +547,11 @@ pub struct HttpPolicy {
     pub max_requests: u32,
     requests: u32,
     report: Reporter,
+    /// The plugin's requests per second and DNS lookups, shared by all its calls.
+    budget: Arc<HttpBudget>,
+    /// When the current call's wall time ends: a request whose token of the plugin's rate would
+    /// come later is refused at once instead of waiting.
+    deadline: Option<Instant>,
     /// Requests being recorded, or answered from a recording (`tape.rs`).
     pub(crate) tape: Option<Arc<Mutex<Tape>>>,
 }
@@ -555,12 +559,14 @@ pub struct HttpPolicy {
 impl HttpPolicy {
     /// `rules`: declared ∩ allowed, as [`effective_hosts`] returns them. `protected`: addresses no
     /// plugin may reach unless a rule names them as IP literal (give the API server's).
-    /// `metrics`: where refusals are counted (`None` in `describe`).
+    /// `metrics`: where refusals are counted (`None` in `describe`). `budget`: the plugin's
+    /// requests per second and DNS lookups.
     pub fn new(
         plugin: Arc<str>,
         rules: Arc<[HostRule]>,
         protected: Arc<[IpAddr]>,
         metrics: Option<Arc<Metrics>>,
+        budget: Arc<HttpBudget>,
     ) -> Self {
         let log = DenialLog::for_plugin(&plugin);
         HttpPolicy {
@@ -573,6 +579,8 @@ impl HttpPolicy {
                 metrics,
                 log,
             },
+            budget,
+            deadline: None,
             tape: None,
         }
     }
@@ -580,6 +588,28 @@ impl HttpPolicy {
     /// Starts a new call in a reused store: the request count starts over.
     pub fn begin_call(&mut self) {
         self.requests = 0;
+        self.deadline = None;
+    }
+
+    /// Sets when the current call's wall time ends.
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
+    }
+
+    /// A token of the plugin's request rate: the wait before the request may go, or the refusal
+    /// when the token would come after the call's wall deadline (nothing is taken then).
+    fn rate_token(&self) -> Result<Duration, Error> {
+        let left = self.deadline.map_or(DEFAULT_TIMEOUT, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        // A tenth of what is left stays for the request itself and the rest of the call.
+        let left = left.saturating_sub(left / 10);
+        self.budget.requests.reserve_within(left).ok_or_else(|| {
+            Error::InternalError(Some(format!(
+                "rate limited: plugin {} may send {} outbound HTTP requests per second (burst {}); the next one would go after this call's wall timeout",
+                self.report.plugin, self.budget.qps, self.budget.burst
+            )))
+        })
     }
 
     /// Whether the rules let requests reach `target` (the address check comes later).
@@ -666,14 +696,28 @@ impl WasiHttpHooks for HttpPolicy {
                 return Box::new(async move { Err(error) });
             }
         };
-        let (rules, protected, report) = (
+        // The plugin's rate, before any lookup or connection: a flood reaches neither the
+        // resolver nor the target faster than it.
+        let wait = match self.rate_token() {
+            Ok(w) => w,
+            Err(e) => {
+                self.report
+                    .refused(&authority, "over the plugin's outbound HTTP request rate");
+                return Box::new(async move { Err(e) });
+            }
+        };
+        let (rules, protected, report, lookups) = (
             self.rules.clone(),
             self.protected.clone(),
             self.report.clone(),
+            self.budget.lookups.clone(),
         );
         Box::new(async move {
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
             let timeouts = Timeouts::from(options);
-            let ips = resolve(&target, timeouts.connect).await?;
+            let ips = crate::sandbox::dns::resolve(&target, timeouts.connect, &lookups).await?;
             let addrs = match check_addresses(&ips, target.port, &rules, &protected) {
                 Ok(a) => a,
                 Err((ip, risk)) => {
@@ -913,26 +957,6 @@ impl From<Option<RequestOptions>> for Timeouts {
                 .max(Duration::from_nanos(1)),
         }
     }
-}
-
-/// The addresses of the target, resolved once (the connection uses these, and only these).
-async fn resolve(target: &Target, timeout: Duration) -> Result<Vec<IpAddr>, Error> {
-    let name = match &target.host {
-        Host::Ip(ip) => return Ok(vec![*ip]),
-        Host::Name(n) => n.as_str(),
-    };
-    let found = tokio::time::timeout(timeout, tokio::net::lookup_host((name, target.port)))
-        .await
-        .map_err(|_| Error::DnsTimeout)?
-        .map_err(|_| Error::DnsError {
-            rcode: None,
-            info_code: None,
-        })?;
-    let ips: Vec<IpAddr> = found.take(MAX_ADDRESSES).map(|a| a.ip()).collect();
-    if ips.is_empty() {
-        return Err(Error::DestinationNotFound);
-    }
-    Ok(ips)
 }
 
 trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -1399,7 +1423,8 @@ mod tests {
 
     fn policy_for(plugin: &str, rules: &[&str], metrics: Option<Arc<Metrics>>) -> HttpPolicy {
         let rules: Vec<HostRule> = rules.iter().map(|r| rule(r)).collect();
-        HttpPolicy::new(plugin.into(), rules.into(), Arc::from([]), metrics)
+        let budget = Arc::new(HttpBudget::new(0.0, 1));
+        HttpPolicy::new(plugin.into(), rules.into(), Arc::from([]), metrics, budget)
     }
 
     fn get(uri: &str) -> http::Request<WasiBody> {
@@ -1472,6 +1497,39 @@ mod tests {
             refuse(&mut p, get("http://nova/")),
             Error::HttpRequestDenied
         ));
+    }
+
+    #[test]
+    fn a_request_over_the_plugins_rate_waits_within_the_call_or_is_refused_at_once() {
+        let mut p = policy(&["neutron"]);
+        p.budget = Arc::new(HttpBudget::new(1.0, 2));
+        p.set_deadline(Instant::now() + Duration::from_millis(2500));
+        // The burst goes at once; the next tokens come after 1 s and 2 s, within nine tenths of
+        // the call's 2.5 s: those requests wait (not awaited here, nothing is sent).
+        assert_eq!(p.rate_token().ok(), Some(Duration::ZERO));
+        assert_eq!(p.rate_token().ok(), Some(Duration::ZERO));
+        for expected in [1000, 2000] {
+            let wait = p.rate_token().expect("within the call");
+            assert!(
+                wait <= Duration::from_millis(expected)
+                    && wait > Duration::from_millis(expected - 100),
+                "{wait:?}"
+            );
+        }
+        // The next one's would come after 3 s: refused now, with the reason, and nothing taken.
+        let e = refuse(&mut p, get("http://neutron/"));
+        assert!(
+            matches!(&e, Error::InternalError(Some(m))
+                if m.contains("rate limited")
+                    && m.contains("1 outbound HTTP requests per second (burst 2)")),
+            "{e}"
+        );
+        assert!(p.rate_token().is_err());
+        // A later call, with time enough, waits its turn instead.
+        p.begin_call();
+        p.set_deadline(Instant::now() + Duration::from_secs(10));
+        let wait = p.rate_token().expect("within the call");
+        assert!(wait > Duration::from_millis(2900), "{wait:?}");
     }
 
     #[test]

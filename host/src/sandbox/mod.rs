@@ -7,6 +7,8 @@
 
 mod call_ctx;
 mod compile_cache;
+pub mod compiler;
+pub mod dns;
 mod guest_clock;
 mod host_calls;
 mod host_calls_v0_1;
@@ -57,6 +59,10 @@ pub struct RuntimeSettings {
     pub keep_resident: usize,
     /// How a pooled memory is put back to its initial contents after an instance.
     pub memory_reset: MemoryReset,
+    /// Compile in a child process of this binary, within its bounds (`compiler.rs`); `None`:
+    /// compile in this process. The default is the process's (`compiler::process_default`: the
+    /// binary sets it, a library user compiles in its own process).
+    pub child_compile: Option<compiler::ChildCompile>,
 }
 
 /// How the kept-resident part of a linear memory is reset between instances.
@@ -126,8 +132,18 @@ impl Default for RuntimeSettings {
             max_memory: 256 << 20,
             keep_resident: 2 << 20,
             memory_reset: MemoryReset::Auto,
+            child_compile: compiler::process_default(),
         }
     }
+}
+
+/// What decides the compiled code, and so the engine's compatibility hash: shared by the runtime
+/// and the compile child (`compiler.rs`), which refuses to compile when the hashes differ.
+pub(crate) fn code_config() -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    config
 }
 
 /// The engine and the linker with every host function.
@@ -150,6 +166,8 @@ pub struct Compiled {
     /// Time to compile, or to load the precompiled artifact.
     pub load_time: Duration,
     pub from_cache: bool,
+    /// Peak RSS of the compile, bytes, when a child process compiled it.
+    pub compile_peak: Option<u64>,
     pub component: Component,
 }
 
@@ -183,9 +201,7 @@ pub enum CallError {
 
 impl Runtime {
     pub fn new(settings: RuntimeSettings) -> Result<Self> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        config.epoch_interruption(true);
+        let mut config = code_config();
         // One slot per concurrently live component instance, and for each slot room for a
         // component of the largest size allowed (pool.rs): only component-instance slots are
         // ever scarce, and those are shared out by `InstancePool`. A component over the
@@ -265,13 +281,24 @@ impl Runtime {
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
         let sha256 = compile_cache::sha256_hex(wasm);
-        let (component, from_cache) = compile_cache::load_or_compile(
+        let loaded = compile_cache::load_or_compile(
             &self.engine,
             self.settings.compile_cache.as_deref(),
             &sha256,
             wasm,
+            self.settings.child_compile.as_ref(),
         )
         .map_err(pool::too_large)?;
+        let component = loaded.component;
+        if let Some(peak) = loaded.compile_peak {
+            tracing::info!(
+                sha256 = %sha256,
+                bytes = wasm.len(),
+                millis = started.elapsed().as_millis() as u64,
+                compile_peak_rss_mib = peak >> 20,
+                "component compiled in a child process"
+            );
+        }
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.2.0 or @0.1.0): {e:#}")
         })?;
@@ -281,7 +308,8 @@ impl Runtime {
             sha256,
             size: wasm.len(),
             load_time: started.elapsed(),
-            from_cache,
+            from_cache: loaded.from_cache,
+            compile_peak: loaded.compile_peak,
             component,
         })
     }
@@ -293,8 +321,9 @@ impl Runtime {
         services: Arc<Services>,
         limits: &Limits,
     ) -> Result<Description, CallError> {
-        // The loader describes one file at a time: it does not wait long for a slot (the file
-        // waits and is tried again instead).
+        // The loader describes at most `pool::DESCRIBE_SLOTS` files at once, so a slot kept for
+        // `describe` is free unless the pool is smaller than that: it does not wait long for one (the
+        // file waits and is tried again instead).
         let slot_wait = limits.wall_timeout.min(DESCRIBE_SLOT_WAIT);
         self.call(
             compiled,
@@ -413,6 +442,19 @@ impl Runtime {
             if total >= ctx.data().cpu_deadline {
                 return Err(wasmtime::Error::from(Trap::Interrupt));
             }
+            // The plugin's CPU share is charged as the guest runs, not when the call ends: at a
+            // tick that finds the plugin in debt (its other calls included), this call rests until
+            // the debt is paid. The rest is not guest time (the fiber is parked); the wall timeout
+            // still runs.
+            let budgets = &ctx.data().services.budgets;
+            budgets.charge_cpu(segment);
+            let rest = budgets.cpu_debt_wait();
+            if !rest.is_zero() {
+                return Ok(wasmtime::UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(tokio::time::sleep(rest)),
+                ));
+            }
             // Yield to the async runtime after each tick of guest work, so a guest computing up to
             // its deadline never holds a runtime thread for long: informers, API calls, /healthz
             // and the other plugins keep running. A segment shorter than half a tick (the epoch
@@ -446,6 +488,7 @@ impl Runtime {
         let wall = limits.wall_timeout.saturating_sub(started.elapsed());
         let mut store = self.new_store(services.clone(), limits);
         store.data_mut().set_tapes(tapes);
+        store.data_mut().set_deadline(Instant::now() + wall);
         if let Some(m) = services.metrics() {
             m.instantiated(&plugin_name);
         }
@@ -475,7 +518,7 @@ impl Runtime {
         drop(running);
 
         // The whole run counts, its part after the last tick too: most calls end before any tick.
-        services.budgets.charge_cpu(store.data().guest_time());
+        services.budgets.charge_cpu(store.data_mut().tick().1);
         let tapes = store.data_mut().take_tapes();
         (finish(&mut store, &plugin_name, result), tapes)
     }
@@ -543,7 +586,7 @@ impl Runtime {
                     Ok(Ok(p)) => p,
                     Ok(Err(e)) => {
                         let e = classify(e, limits);
-                        services.budgets.charge_cpu(store.data().guest_time());
+                        services.budgets.charge_cpu(store.data_mut().tick().1);
                         return Err(match e {
                             CallError::Trap(t) => CallError::Instantiate(t),
                             other => other,
@@ -551,7 +594,7 @@ impl Runtime {
                     }
                     Err(_) => return Err(CallError::WallTimeout(limits.wall_timeout)),
                 };
-                services.budgets.charge_cpu(store.data().guest_time());
+                services.budgets.charge_cpu(store.data_mut().tick().1);
                 Warm {
                     store,
                     plugin,
@@ -568,6 +611,7 @@ impl Runtime {
         let reused = warm.calls > 0;
         warm.store.set_epoch_deadline(1);
         let wall = limits.wall_timeout;
+        warm.store.data_mut().set_deadline(Instant::now() + wall);
         let clock = warm.store.data().clock.clone();
         let running = self.ticker.running();
         let result = tokio::time::timeout(
@@ -582,7 +626,7 @@ impl Runtime {
         .await
         .unwrap_or(Err(CallError::WallTimeout(wall)));
         drop(running);
-        services.budgets.charge_cpu(warm.store.data().guest_time());
+        services.budgets.charge_cpu(warm.store.data_mut().tick().1);
         let result = finish(&mut warm.store, &plugin_name, result);
         let tapes = warm.store.data_mut().take_tapes();
         save_recording(&services, compiled, req, tapes, &result, started_at, reused);

@@ -33,7 +33,7 @@ pub const MAX_CORE_INSTANCES: u32 = 32;
 pub const MAX_MEMORIES: u32 = 2;
 /// Tables one component may hold (every plugin built so far holds 2).
 pub const MAX_TABLES: u32 = 16;
-/// Slots kept for `describe` (the loader describes one file at a time).
+/// Slots kept for `describe` (the loader describes at most this many files at once).
 pub const DESCRIBE_SLOTS: u32 = 2;
 
 /// Slots kept for `describe` out of `total`: two, but never more than half the pool.

@@ -116,6 +116,7 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
             FileStatus::Disabled { .. } => "disabled".to_string(),
             FileStatus::Waiting { reason, .. } => format!("waiting ({})", reason.as_str()),
             FileStatus::Refused { .. } => "refused (until the file changes)".to_string(),
+            FileStatus::Loading => "loading".to_string(),
         };
         body.push_str(&format!("{file}.wasm: {state}\n"));
     }
@@ -167,6 +168,7 @@ async fn plugins_status(State(s): State<HttpState>) -> String {
                 crate::contract::validate::log_text(&message, 4096)
             ),
             FileStatus::Refused { error } => format!("{file}.wasm\trefused\t{error}\n"),
+            FileStatus::Loading => format!("{file}.wasm\tloading\n"),
         };
         out.push_str(&line);
     }

@@ -124,6 +124,7 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
         },
         max_workers_per_plugin: 16,
         wait_retry: Duration::from_secs(1),
+        describe_timeout: Duration::from_secs(10),
         sync_timeout: Duration::from_secs(30),
         rate_limits: RateLimits {
             base_delay: Duration::from_millis(200),
