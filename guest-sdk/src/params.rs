@@ -56,8 +56,9 @@ impl ListParams {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PatchParams {
-    /// Appended to the plugin's name to make the field manager (`NAME-SUFFIX`): a plugin that
-    /// applies two sets of fields owns them separately. Lowercase letters, digits and `-`.
+    /// Appended to the plugin's name to make the field manager (`wcm:NAME:SUFFIX`; without one,
+    /// `wcm:NAME`): a plugin that applies two sets of fields owns them separately. 1-60 lowercase
+    /// letters, digits and `-`.
     pub field_manager_suffix: Option<String>,
     /// Server-side apply only: take over fields another manager owns (else a conflict is a 409).
     pub force: bool,
@@ -66,7 +67,7 @@ pub struct PatchParams {
 }
 
 impl PatchParams {
-    /// A field manager of the plugin's own: `NAME-SUFFIX`.
+    /// A field manager of the plugin's own: `wcm:NAME:SUFFIX`.
     pub fn field_manager_suffix(mut self, suffix: &str) -> Self {
         self.field_manager_suffix = Some(suffix.to_string());
         self

@@ -231,7 +231,7 @@ pub enum PatchType {
     Json,
     /// `application/strategic-merge-patch+json` (built-in kinds only).
     Strategic,
-    /// Server-side apply, with the plugin's name as field manager.
+    /// Server-side apply, with the plugin's field manager (`wcm:NAME`).
     Apply,
 }
 

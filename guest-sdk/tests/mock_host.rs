@@ -768,6 +768,18 @@ fn list_pages_field_selectors_dry_runs_and_preconditions() {
         )
         .expect_err("force on a merge patch");
     assert_eq!(err.code, 400);
+    // A field-manager suffix of 1-60 lowercase letters, digits and '-' (`wcm:NAME:SUFFIX` stays
+    // within the API server's 128), as the host has it.
+    let merge = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
+    let suffixed = |s: &str| PatchParams::default().field_manager_suffix(s).dry_run();
+    api.patch_with("a", &suffixed(&"s".repeat(60)), &merge)
+        .expect("60 characters");
+    for bad in ["s".repeat(61), "a:b".into(), "Admin".into()] {
+        let err = api
+            .patch_with("a", &suffixed(&bad), &merge)
+            .expect_err("refused suffix");
+        assert_eq!(err.code, 400, "{bad}");
+    }
 
     // A delete whose precondition does not hold is a conflict, and deletes nothing.
     let err = api

@@ -13,6 +13,7 @@ use crate::cluster::events::{self, EventSettings};
 use crate::cluster::identity::IdentitySettings;
 use crate::cluster::leader::{LeaderSettings, Leadership};
 use crate::cluster::services::BudgetSettings;
+use crate::cluster::tenure::Tenure;
 use crate::engine::controller::ControllerParts;
 use crate::engine::informer::Informers;
 use crate::engine::rate_limit::{RateLimits, TokenBucket};
@@ -88,8 +89,6 @@ pub struct Manager {
     leadership: Option<Leadership>,
     gate_task: Option<tokio::task::JoinHandle<()>>,
     election: Arc<Election>,
-    /// Keeps "holds the Lease" true when no election is held.
-    _always: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 /// The client configuration from a kubeconfig file (`--kubeconfig` or KUBECONFIG); without one,
@@ -121,12 +120,22 @@ pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> Result<kube::Config> {
 impl Manager {
     /// Starts the manager with the host's own client configuration (`config`); plugins act under
     /// identities derived from it.
-    pub async fn start(cfg: RunConfig, config: kube::Config) -> Result<Manager> {
+    pub async fn start(cfg: RunConfig, mut config: kube::Config) -> Result<Manager> {
         anyhow::ensure!(
             cfg.plugins_dir.is_dir(),
             "--plugins-dir {} is not a directory",
             cfg.plugins_dir.display()
         );
+        // Every request (the host's own and those made as a plugin) names this replica, so an
+        // audit log tells replicas apart and ties a write to the holder of a Lease.
+        let replica = cfg
+            .leader_election
+            .as_ref()
+            .map(|l| l.identity.clone())
+            .or_else(|| std::env::var("POD_NAME").ok());
+        if let Ok(ua) = http::HeaderValue::from_str(&user_agent(replica.as_deref())) {
+            config.headers.push((http::header::USER_AGENT, ua));
+        }
         let client = kube::Client::try_from(config.clone()).context("build the API client")?;
         let metrics = Metrics::new();
         let runtime = Arc::new(Runtime::new(RuntimeSettings {
@@ -148,6 +157,7 @@ impl Manager {
             EventSettings {
                 qps: cfg.event_qps,
                 burst: cfg.event_burst,
+                write_timeout: cfg.api_timeout,
                 ..EventSettings::default()
             },
             metrics.clone(),
@@ -177,7 +187,7 @@ impl Manager {
                 }
             })
         });
-        let (election, always) = match (&cfg.leader_election, &leadership) {
+        let election = match (&cfg.leader_election, &leadership) {
             (Some(settings), None) => {
                 let leases = PluginLeases::start(
                     client.clone(),
@@ -185,28 +195,19 @@ impl Manager {
                     metrics.clone(),
                     leading.clone(),
                 )?;
-                (Election::PerPlugin(leases), None)
+                Election::PerPlugin(leases)
             }
-            (_, Some(l)) => (
-                Election::Shared {
-                    taking: leading.clone(),
-                    holds: l.subscribe(),
-                    leader: Some(l.holder()),
-                },
-                None,
-            ),
-            (None, None) => {
-                // Without an election the Lease is, in effect, always held.
-                let (tx, holds) = tokio::sync::watch::channel(true);
-                (
-                    Election::Shared {
-                        taking: leading.clone(),
-                        holds,
-                        leader: None,
-                    },
-                    Some(tx),
-                )
-            }
+            (_, Some(l)) => Election::Shared {
+                taking: leading.clone(),
+                tenure: l.tenure(),
+                leader: Some(l.holder()),
+            },
+            // Without an election the Lease is, in effect, always held.
+            (None, None) => Election::Shared {
+                taking: leading.clone(),
+                tenure: Tenure::unbounded(),
+                leader: None,
+            },
         };
         let election = Arc::new(election);
         let parts = Arc::new(ControllerParts {
@@ -279,7 +280,6 @@ impl Manager {
             leadership,
             gate_task,
             election,
-            _always: always,
         })
     }
 
@@ -310,6 +310,23 @@ impl Manager {
         if let Election::PerPlugin(leases) = &*self.election {
             leases.release_all().await;
         }
+    }
+}
+
+/// The User-Agent of every request: `wasm-controller-manager/VERSION`, with this replica's
+/// leader-election identity (or Pod name) in parentheses, printable ASCII only and bounded.
+pub fn user_agent(replica: Option<&str>) -> String {
+    let base = concat!("wasm-controller-manager/", env!("CARGO_PKG_VERSION"));
+    let replica: String = replica
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && !matches!(c, '(' | ')'))
+        .take(128)
+        .collect();
+    if replica.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base} ({replica})")
     }
 }
 

@@ -284,7 +284,9 @@ struct RunArgs {
         default_value_t = 100
     )]
     kube_burst: u32,
-    /// Timeout of one API request made for a plugin, seconds.
+    /// Timeout of one API request (and of one event write) made for a plugin, seconds. With
+    /// --leader-elect a write is cut earlier if this replica's hold on the Lease ends (no renewal
+    /// within the renew deadline), and a Lease is released only once its writes have ended.
     #[arg(long, env = "WCM_API_TIMEOUT_SECONDS", default_value_t = 30)]
     api_timeout_seconds: u64,
     /// Workers of a plugin that declares none and has no `workers` in its NAME.toml.

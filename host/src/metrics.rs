@@ -92,6 +92,7 @@ pub struct Metrics {
     active_workers: Family<Ctrl, Gauge>,
     terminal_errors: Family<Ctrl, Counter>,
     changes_filtered: Family<Ctrl, Counter>,
+    mapped_keys_dropped: Family<Ctrl, Counter>,
     worker_panics: Family<Ctrl, Counter>,
     instances: Family<Name, Counter>,
     plugin_failures: Family<PluginReason, Counter>,
@@ -140,6 +141,7 @@ impl Metrics {
             active_workers: Family::default(),
             terminal_errors: Family::default(),
             changes_filtered: Family::default(),
+            mapped_keys_dropped: Family::default(),
             worker_panics: Family::default(),
             instances: Family::default(),
             plugin_failures: Family::default(),
@@ -224,6 +226,11 @@ impl Metrics {
             "wcm_worker_panics",
             "Reconciles during which the host panicked; the key was retried and the worker went on",
             m.worker_panics.clone(),
+        );
+        r.register(
+            "wcm_mapped_keys_dropped",
+            "Primary keys a change mapped to past the cap of 32 per change (any-owner and label mappings): not queued",
+            m.mapped_keys_dropped.clone(),
         );
         r.register(
             "wcm_changes_filtered",
@@ -312,6 +319,13 @@ impl Metrics {
         self.max_concurrent
             .get_or_create(&ctrl(plugin))
             .set(i64::from(max));
+    }
+
+    /// Keys one change mapped to past the cap, not queued.
+    pub fn mapped_keys_dropped(&self, plugin: &str, n: usize) {
+        self.mapped_keys_dropped
+            .get_or_create(&ctrl(plugin))
+            .inc_by(n as u64);
     }
 
     pub fn change_filtered(&self, plugin: &str) {
@@ -523,6 +537,7 @@ impl Metrics {
             &self.reconcile_errors,
             &self.terminal_errors,
             &self.changes_filtered,
+            &self.mapped_keys_dropped,
             &self.worker_panics,
         ] {
             family.remove(&c);
@@ -658,6 +673,7 @@ mod tests {
             m.event_dropped(p, "spam_filter");
             m.event_written(p, "create");
             m.change_filtered(p);
+            m.mapped_keys_dropped(p, 3);
             m.worker_panic(p);
             m.terminal_error(p);
             m.instantiated(p);

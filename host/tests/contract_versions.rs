@@ -124,7 +124,7 @@ async fn a_0_1_plugin_and_a_0_2_plugin_run_side_by_side() -> Result<()> {
         .filter_map(|m| m.manager)
         .collect();
     assert!(
-        managers.iter().any(|m| m == "options-probe-probe"),
+        managers.iter().any(|m| m == "wcm:options-probe:probe"),
         "{managers:?}"
     );
     Ok(())

@@ -612,15 +612,22 @@ async fn crafted_call_options_smuggle_nothing_past_the_host() -> Result<()> {
             .all(|e| e.object_ref.as_ref().is_some_and(|o| o.name == "probe")),
         "a crafted patch reached the API server: {patches:?}"
     );
+    // Its own field manager is unmistakably the plugin's: `wcm:` and its name.
     for e in &patches {
         for (k, v) in query(e) {
             assert!(
-                k != "force" && (k != "fieldManager" || v == "option-injection"),
+                k != "force" && (k != "fieldManager" || v == "wcm:option-injection"),
                 "patch with {k}={v}: {}",
                 e.request_uri
             );
         }
     }
+    assert!(
+        patches.iter().any(|e| query(e)
+            .iter()
+            .any(|(k, v)| k == "fieldManager" && v == "wcm:option-injection")),
+        "no patch under the plugin's own field manager: {patches:?}"
+    );
     // One delete reached the API server, refused by its precondition (the body kept it whole),
     // and nothing was deleted or dry-run by a smuggled parameter.
     let deletes = calls("delete");

@@ -1515,14 +1515,15 @@ fn check_patch_params(patch_type: PatchType, params: &PatchParams) -> Result<(),
         return Err(bad_request("force applies to server-side apply only"));
     }
     if let Some(suffix) = &params.field_manager_suffix {
+        // As the host: `wcm:NAME:SUFFIX` stays within the API server's 128.
         let ok = !suffix.is_empty()
-            && suffix.len() <= 63
+            && suffix.len() <= 60
             && suffix
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         if !ok {
             return Err(bad_request(format!(
-                "field manager suffix {suffix:?}: must be 1-63 lowercase letters, digits and '-'"
+                "field manager suffix {suffix:?}: must be 1-60 lowercase letters, digits and '-'"
             )));
         }
     }

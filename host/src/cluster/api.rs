@@ -8,6 +8,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 
 use super::discovery::{Discovery, Resolved};
+use super::tenure::{Cut, Tenure};
 use crate::contract::{KindRef, PatchType, Propagation};
 use crate::engine::rate_limit::TokenBucket;
 
@@ -76,7 +77,7 @@ pub struct CallOptions {
     pub field_selector: Option<String>,
     pub limit: Option<u32>,
     pub continue_token: Option<String>,
-    /// Appended to the plugin's name: the field manager is "NAME-SUFFIX".
+    /// Appended to the plugin's name: the field manager is `wcm:NAME:SUFFIX`.
     pub field_manager_suffix: Option<String>,
     /// Server-side apply only.
     pub force: bool,
@@ -100,14 +101,23 @@ impl CallOptions {
         precondition_resource_version: None,
     };
 
-    /// The field manager of the plugin's writes.
+    /// The field manager of the plugin's writes: `wcm:NAME`, or `wcm:NAME:SUFFIX`. The fixed
+    /// prefix and the `:` (which neither a plugin name nor a suffix holds) keep a plugin from
+    /// writing as another controller (`kube-controller-manager`) or as another plugin.
     pub fn field_manager(&self, plugin: &str) -> String {
         match &self.field_manager_suffix {
-            Some(suffix) => format!("{plugin}-{suffix}"),
-            None => plugin.to_string(),
+            Some(suffix) => format!("{FIELD_MANAGER_PREFIX}{plugin}:{suffix}"),
+            None => format!("{FIELD_MANAGER_PREFIX}{plugin}"),
         }
     }
 }
+
+/// What every field manager of a plugin starts with.
+pub const FIELD_MANAGER_PREFIX: &str = "wcm:";
+
+/// The longest field-manager suffix: with the prefix, a plugin name (a DNS label of at most 63)
+/// and the `:`, the API server's 128.
+pub const MAX_FIELD_MANAGER_SUFFIX: usize = 128 - FIELD_MANAGER_PREFIX.len() - 63 - 1;
 
 /// An API error as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,24 +223,38 @@ impl ApiAccess {
     }
 
     /// Makes one API call with `client` (the plugin's identity); bodies and answers are JSON text.
-    /// A write passes `leading`: it is sent only if this replica still leads the plugin once its
-    /// turn in the host-wide bucket comes (a Lease may move while it waits).
+    /// A write passes its `tenure`: it is sent only if this replica still leads the plugin once
+    /// its turn in the host-wide bucket comes (a Lease may move while it waits), and it is cut at
+    /// the end of that tenure, so it is never in flight after another replica may lead.
     pub async fn call(
         &self,
         client: &kube::Client,
         plugin: &str,
         r: &Resolved,
         req: &ApiRequest<'_>,
-        leading: Option<&tokio::sync::watch::Receiver<bool>>,
+        tenure: Option<&Arc<Tenure>>,
     ) -> Result<String, ApiFailure> {
         self.limit.acquire().await;
-        if leading.is_some_and(|l| !*l.borrow()) {
-            return Err(ApiFailure::not_leader());
-        }
+        let pass = match tenure {
+            Some(t) => Some(t.begin().ok_or_else(ApiFailure::not_leader)?),
+            None => None,
+        };
         let fut = Self::call_inner(client, plugin, r, req);
-        match tokio::time::timeout(self.timeout, fut).await {
+        let out = match &pass {
+            Some(p) => p.run(self.timeout, fut).await,
+            None => tokio::time::timeout(self.timeout, fut)
+                .await
+                .map_err(|_| Cut { by_tenure: false }),
+        };
+        match out {
             Ok(r) => r,
-            Err(_) => Err(ApiFailure::new(
+            Err(Cut { by_tenure: true }) => Err(ApiFailure::new(
+                0,
+                "Timeout",
+                "no answer from the API server before this replica's lease ran out: the write \
+                 was abandoned (the key is retried by the leader)",
+            )),
+            Err(Cut { by_tenure: false }) => Err(ApiFailure::new(
                 0,
                 "Timeout",
                 format!("no answer from the API server within {:?}", self.timeout),
@@ -254,6 +278,7 @@ impl ApiAccess {
             ..
         } = *req;
         let manager = options.field_manager(plugin);
+        let own = CallOptions::NONE.field_manager(plugin);
         let dry_run = options.dry_run;
         let api = Self::api(client, r, namespace)?;
         let name = || name.ok_or_else(|| ApiFailure::bad_request("a name is required"));
@@ -290,7 +315,7 @@ impl ApiAccess {
                 to_text(
                     &api.create(
                         &PostParams {
-                            field_manager: Some(plugin.into()),
+                            field_manager: Some(own),
                             ..Default::default()
                         },
                         &obj,
@@ -303,7 +328,7 @@ impl ApiAccess {
                 let obj: DynamicObject = serde_json::from_value(json()?)
                     .map_err(|e| ApiFailure::bad_request(format!("not an object: {e}")))?;
                 let pp = PostParams {
-                    field_manager: Some(plugin.into()),
+                    field_manager: Some(own),
                     ..Default::default()
                 };
                 let out = match subresource {
@@ -371,6 +396,45 @@ mod erased {
     impl<T: serde::Serialize> Ser for T {
         fn to_json(&self) -> serde_json::Result<String> {
             serde_json::to_string(self)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(plugin: &str, suffix: Option<&str>) -> String {
+        CallOptions {
+            field_manager_suffix: suffix.map(str::to_string),
+            ..CallOptions::default()
+        }
+        .field_manager(plugin)
+    }
+
+    #[test]
+    fn a_plugin_never_writes_as_another_controller_or_another_plugin() {
+        // Once "kube-controller-manager"; now unmistakably the plugin's.
+        assert_eq!(
+            manager("kube", Some("controller-manager")),
+            "wcm:kube:controller-manager"
+        );
+        assert_eq!(manager("kubectl", None), "wcm:kubectl");
+        // Two plugins whose names and suffixes once made the same manager.
+        assert_ne!(manager("a-b", Some("c")), manager("a", Some("b-c")));
+        assert_ne!(manager("a-b", None), manager("a", Some("b")));
+        // The longest name and suffix stay within the API server's 128.
+        let longest = manager(&"n".repeat(63), Some(&"s".repeat(MAX_FIELD_MANAGER_SUFFIX)));
+        assert_eq!(longest.len(), 128);
+        for (plugin, suffix) in [("p", None), ("p", Some("x")), ("q-r", Some("s-t"))] {
+            let m = manager(plugin, suffix);
+            // The plugin's part reads back: prefix, name, then the suffix after a ':'.
+            let rest = m.strip_prefix(FIELD_MANAGER_PREFIX).expect("prefixed");
+            let (name, s) = match rest.split_once(':') {
+                Some((n, s)) => (n, Some(s)),
+                None => (rest, None),
+            };
+            assert_eq!((name, s), (plugin, suffix));
         }
     }
 }

@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::leader::{LeaderSettings, Leadership, LeasePolicy};
+use super::tenure::Tenure;
 use crate::metrics::Metrics;
 
 /// The label on membership Leases; its value is the election's (base Lease) name.
@@ -45,9 +46,10 @@ pub enum LeaderMode {
 pub struct Gate {
     /// True while its workers may take keys.
     pub taking: watch::Receiver<bool>,
-    /// True while its writes may go: the Lease is held (it stays held while in-flight reconciles
-    /// finish during a hand-off or shutdown).
-    pub holds: watch::Receiver<bool>,
+    /// When its writes may go: while the Lease is held (it stays held while in-flight reconciles
+    /// finish during a hand-off or shutdown), each write cut at the end of the tenure it started
+    /// in, and the Lease released only once the writes in flight have ended.
+    pub tenure: Arc<Tenure>,
     /// Reconciles running now.
     pub in_flight: Arc<AtomicUsize>,
     /// The holder of the Lease this plugin follows, when an election is held.
@@ -73,7 +75,7 @@ pub enum Election {
     /// Every plugin follows the same gate: always open, or one Lease for the manager.
     Shared {
         taking: watch::Receiver<bool>,
-        holds: watch::Receiver<bool>,
+        tenure: Arc<Tenure>,
         leader: Option<watch::Receiver<Option<String>>>,
     },
     PerPlugin(Arc<PluginLeases>),
@@ -86,11 +88,11 @@ impl Election {
         match self {
             Election::Shared {
                 taking,
-                holds,
+                tenure,
                 leader,
             } => Gate {
                 taking: taking.clone(),
-                holds: holds.clone(),
+                tenure: tenure.clone(),
                 in_flight: Arc::default(),
                 leader: leader.clone(),
                 _lease: None,
@@ -202,7 +204,7 @@ pub struct PluginLease {
     generation: u64,
     owner: Weak<PluginLeases>,
     taking: watch::Receiver<bool>,
-    holds: watch::Receiver<bool>,
+    tenure: Arc<Tenure>,
     leader: watch::Receiver<Option<String>>,
     in_flight: Arc<AtomicUsize>,
 }
@@ -308,7 +310,7 @@ impl PluginLeases {
         };
         Gate {
             taking: all_of(lease.taking.clone(), self.open.clone()),
-            holds: lease.holds.clone(),
+            tenure: lease.tenure.clone(),
             in_flight: lease.in_flight.clone(),
             leader: Some(lease.leader.clone()),
             _lease: Some(lease),
@@ -343,11 +345,12 @@ impl PluginLeases {
         )
         .map_err(|e| tracing::error!(plugin, "cannot join the plugin's election: {e:#}"))
         .ok();
-        let (taking, holds, leader) = match &leadership {
-            Some(l) => (l.taking(), l.subscribe(), l.holder()),
+        let (taking, holds, tenure, leader) = match &leadership {
+            Some(l) => (l.taking(), l.subscribe(), l.tenure(), l.holder()),
             None => (
                 watch::channel(false).1,
                 watch::channel(false).1,
+                Tenure::closed(),
                 watch::channel(None).1,
             ),
         };
@@ -379,7 +382,7 @@ impl PluginLeases {
             generation,
             owner: Arc::downgrade(self),
             taking,
-            holds,
+            tenure,
             leader,
             in_flight,
         }

@@ -26,6 +26,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::cluster::tenure::{Cut, Tenure};
 use crate::metrics::Metrics;
 
 /// An event as a plugin records it.
@@ -65,6 +66,9 @@ pub struct EventSettings {
     pub max_entries_per_plugin: usize,
     /// The host instance, for `reportingInstance`.
     pub instance: String,
+    /// How long one write attempt may take (`--api-timeout-seconds`); under an election it is
+    /// cut earlier, at the end of this replica's tenure of the plugin's Lease.
+    pub write_timeout: Duration,
 }
 
 impl Default for EventSettings {
@@ -81,6 +85,7 @@ impl Default for EventSettings {
             concurrent_writes: 8,
             max_entries_per_plugin: 2048,
             instance: hostname(),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -151,9 +156,10 @@ struct State {
 
 struct PluginEntry {
     client: kube::Client,
-    /// Whether this replica leads the plugin: checked before every write, so an event queued
-    /// before a Lease moved never leaves the old holder.
-    leading: tokio::sync::watch::Receiver<bool>,
+    /// When this replica may write for the plugin: a pass is taken for every write attempt, so
+    /// an event queued before a Lease moved never leaves the old holder, and one in flight is cut
+    /// at the end of the tenure (the Lease is released only once it has ended).
+    tenure: Arc<Tenure>,
     entries: usize,
     /// When its last rejected event was logged, and how many were rejected since: one warning
     /// a minute per plugin at most (the API server's answer quotes the plugin's own values).
@@ -303,13 +309,8 @@ impl EventSink {
     }
 
     /// Events of `plugin` are written with `client` (the plugin's own identity) from now on,
-    /// while `leading` says this replica leads it.
-    pub fn register(
-        &self,
-        plugin: &str,
-        client: kube::Client,
-        leading: tokio::sync::watch::Receiver<bool>,
-    ) {
+    /// within this replica's `tenure` of the plugin's Lease.
+    pub fn register(&self, plugin: &str, client: kube::Client, tenure: Arc<Tenure>) {
         let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let plugin: Arc<str> = plugin.into();
         let entries = count_entries(&st, &plugin);
@@ -317,7 +318,7 @@ impl EventSink {
             plugin,
             PluginEntry {
                 client,
-                leading,
+                tenure,
                 entries,
                 rejection_logged: None,
                 rejected_quietly: 0,
@@ -507,24 +508,26 @@ impl Writer {
             let st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
             st.plugins
                 .get(plugin)
-                .map(|p| (p.client.clone(), p.leading.clone()))
+                .map(|p| (p.client.clone(), p.tenure.clone()))
         };
-        let Some((client, leading)) = entry else {
+        let Some((client, tenure)) = entry else {
             metrics.event_dropped(plugin, "plugin_stopped");
             return false;
         };
         let api: Api<Event> = Api::namespaced(client, namespace);
         for attempt in 0..=self.shared.settings.max_retries {
-            // Checked at send time, every attempt: the Lease may have moved since it was queued.
-            if !*leading.borrow() {
+            // Taken at send time, every attempt: the Lease may have moved since it was queued,
+            // and the attempt is cut when this replica's tenure ends.
+            let Some(pass) = tenure.begin() else {
                 metrics.event_dropped(plugin, "not_leader");
                 return false;
-            }
+            };
+            let timeout = self.shared.settings.write_timeout;
             let result = match &job {
-                Job::Create(event) => api
-                    .create(&PostParams::default(), event)
+                Job::Create(event) => pass
+                    .run(timeout, api.create(&PostParams::default(), event))
                     .await
-                    .map(|_| "create"),
+                    .map(|r| r.map(|_| "create")),
                 Job::Series { count } => {
                     let series = EventSeries {
                         count: *count,
@@ -533,26 +536,68 @@ impl Writer {
                     // The API server keeps an event's note immutable: a series carries its first
                     // note (as client-go's does), and only the count and time move.
                     let patch = serde_json::json!({ "series": series });
-                    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map(|_| "series")
+                    pass.run(
+                        timeout,
+                        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+                    )
+                    .await
+                    .map(|r| r.map(|_| "series"))
                 }
             };
+            drop(pass);
+            match result {
+                // The tenure ended under it: the next attempt would be refused anyway.
+                Err(Cut { by_tenure: true }) => {
+                    metrics.event_dropped(plugin, "not_leader");
+                    return false;
+                }
+                Err(Cut { by_tenure: false }) => {
+                    tracing::debug!(plugin, attempt, "event write timed out, retrying");
+                    tokio::time::sleep(crate::engine::rate_limit::backoff(
+                        Duration::from_millis(100),
+                        Duration::from_secs(10),
+                        attempt,
+                    ))
+                    .await;
+                }
+                Ok(result) => {
+                    if let Some(done) = self.outcome(plugin, name, &job, attempt, result).await {
+                        return done;
+                    }
+                }
+            }
+        }
+        metrics.event_dropped(plugin, "retries_exhausted");
+        false
+    }
+
+    /// What one answered attempt means: written or given up (`Some`), or to be retried (`None`,
+    /// after its backoff).
+    async fn outcome(
+        &self,
+        plugin: &str,
+        name: &str,
+        job: &Job,
+        attempt: u32,
+        result: Result<&'static str, kube::Error>,
+    ) -> Option<bool> {
+        let metrics = &self.shared.metrics;
+        {
             match result {
                 Ok(kind) => {
                     metrics.event_written(plugin, kind);
-                    return true;
+                    Some(true)
                 }
                 // A create that timed out on our side but reached the server: it is written.
                 Err(kube::Error::Api(s)) if s.code == 409 && matches!(job, Job::Create(_)) => {
                     metrics.event_written(plugin, "create");
-                    return true;
+                    Some(true)
                 }
                 // The namespace is going away, or the request is invalid: retrying cannot help.
                 Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
                     metrics.event_dropped(plugin, "rejected");
                     self.log_rejection(plugin, name, s.code, &s.message);
-                    return false;
+                    Some(false)
                 }
                 Err(err) => {
                     tracing::debug!(plugin, attempt, "event write failed, retrying: {err}");
@@ -562,11 +607,10 @@ impl Writer {
                         attempt,
                     ))
                     .await;
+                    None
                 }
             }
         }
-        metrics.event_dropped(plugin, "retries_exhausted");
-        false
     }
 
     /// Queues the final count of ended series and the count of long-running ones; forgets ended
@@ -652,11 +696,10 @@ mod tests {
     fn sink_with(settings: EventSettings) -> EventSink {
         let s = EventSink::new(settings, Metrics::new());
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("static URL"));
-        let (_, leading) = tokio::sync::watch::channel(true);
         s.register(
             "p",
             kube::Client::try_from(config).expect("client"),
-            leading,
+            Tenure::unbounded(),
         );
         s
     }
@@ -665,16 +708,17 @@ mod tests {
     async fn an_event_queued_before_the_lease_moved_never_leaves_the_old_holder() {
         let s = EventSink::new(EventSettings::default(), Metrics::new());
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("static URL"));
-        let (lease, leading) = tokio::sync::watch::channel(true);
+        let tenure = Tenure::closed();
+        tenure.open_until(Instant::now() + Duration::from_secs(60));
         s.register(
             "p",
             kube::Client::try_from(config).expect("client"),
-            leading,
+            tenure.clone(),
         );
         s.record("p", event("a", "n"));
         assert_eq!(s.pending(), 1);
         // The Lease moves while the write waits in the queue.
-        lease.send(false).expect("receiver alive");
+        tenure.close();
         let writer = Writer {
             shared: s.shared.clone(),
         };

@@ -28,6 +28,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::tenure::Tenure;
 use crate::metrics::Metrics;
 
 /// The settings of `--leader-elect-*`.
@@ -90,6 +91,11 @@ pub struct Leadership {
     leading: watch::Receiver<bool>,
     taking: watch::Receiver<bool>,
     holder: watch::Receiver<Option<String>>,
+    /// When this replica may write under the Lease (see `tenure.rs`).
+    tenure: Arc<Tenure>,
+    /// How long [`Leadership::release`] waits for the elector: the writes in flight end by the
+    /// renew deadline, then the Lease is written free.
+    release_wait: Duration,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -117,7 +123,10 @@ impl Leadership {
         let (holder_tx, holder) = watch::channel(None);
         let (stop, stopped) = oneshot::channel();
         metrics.leader(&settings.lease_name, false);
+        let tenure = Tenure::closed();
+        let release_wait = settings.renew_deadline + Duration::from_secs(10);
         let elector = Elector {
+            tenure: tenure.clone(),
             leases: Api::namespaced(client, &settings.namespace),
             settings,
             leading: tx,
@@ -135,6 +144,8 @@ impl Leadership {
             leading,
             taking,
             holder,
+            tenure,
+            release_wait,
             stop: Some(stop),
             task,
         })
@@ -161,13 +172,20 @@ impl Leadership {
         self.holder.clone()
     }
 
+    /// When writes under this Lease may go: open while this replica holds it, each write cut at
+    /// the renew deadline of the renewal it started after.
+    pub fn tenure(&self) -> Arc<Tenure> {
+        self.tenure.clone()
+    }
+
     /// Stops leading and releases the Lease (if held), so a standby takes over within its retry
-    /// period. Call it once in-flight work is done.
+    /// period. Call it once in-flight work is done: the release itself waits for the writes still
+    /// in flight under the Lease (they end by the renew deadline at the latest).
     pub async fn release(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+        let _ = tokio::time::timeout(self.release_wait, &mut self.task).await;
     }
 }
 
@@ -179,6 +197,8 @@ impl Drop for Leadership {
 
 struct Elector {
     leases: Api<Lease>,
+    /// Opened after each renewal until its renew deadline, closed when not leading.
+    tenure: Arc<Tenure>,
     settings: LeaderSettings,
     leading: watch::Sender<bool>,
     /// `leading`, and not giving the Lease up.
@@ -256,6 +276,12 @@ impl Elector {
     }
 
     fn set_leading(&self, now: bool) {
+        // Writes first: they may go until the renew deadline of the last renewal, and not at all
+        // once this replica stops leading.
+        match self.renewed {
+            Some(r) if now => self.tenure.open_until(r + self.settings.renew_deadline),
+            _ => self.tenure.close(),
+        }
         self.taking
             .send_if_modified(|t| std::mem::replace(t, now && self.shedding.is_none()) != *t);
         if *self.leading.borrow() == now {
@@ -452,8 +478,28 @@ impl Elector {
     }
 
     /// Gives the Lease up if this replica holds it: no holder, so a standby takes it at its next
-    /// look instead of waiting for it to expire.
+    /// look instead of waiting for it to expire. Not before the writes in flight under it have
+    /// ended: a standby may take a released Lease at once.
     async fn release(&mut self) {
+        self.tenure.close();
+        // Every write in flight ends by the end of its tenure; a little more for its task to
+        // notice. Should one still be counted then, the Lease is left to expire instead.
+        let bound = self
+            .tenure
+            .end()
+            .map_or(Instant::now(), |end| end.max(Instant::now()))
+            + Duration::from_secs(1);
+        if tokio::time::timeout_at(bound, self.tenure.idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                lease = %self.settings.lease_name,
+                writes = self.tenure.writes(),
+                "writes still in flight: the Lease is left to expire instead of being released"
+            );
+            return;
+        }
         let Ok(Some(mut lease)) = self.leases.get_opt(&self.settings.lease_name).await else {
             return;
         };

@@ -13,3 +13,4 @@ pub mod permissions;
 pub mod rbac;
 pub mod scope;
 pub mod services;
+pub mod tenure;

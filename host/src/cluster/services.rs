@@ -287,9 +287,10 @@ pub struct Reach {
     pub events: EventSink,
     pub secrets: BTreeMap<String, String>,
     pub metrics: Arc<Metrics>,
-    /// True while this replica leads: a reconcile still running when leadership goes may read,
-    /// but its writes are refused, so two replicas never write for one plugin at once.
-    pub leading: tokio::sync::watch::Receiver<bool>,
+    /// When this replica may write for the plugin: a reconcile still running when leadership
+    /// goes may read, but its writes are refused (and those in flight cut at the tenure's end),
+    /// so two replicas never write for one plugin at once.
+    pub tenure: Arc<crate::cluster::tenure::Tenure>,
 }
 
 /// Everything a plugin's host calls can use. Built once per loaded plugin and shared by its calls;
@@ -450,7 +451,7 @@ impl Services {
             req.verb,
             crate::cluster::api::Verb::Get | crate::cluster::api::Verb::List
         );
-        if writes && !*reach.leading.borrow() {
+        if writes && !reach.tenure.is_open() {
             return Err(ApiFailure::not_leader());
         }
         if let Err(e) = check_request(req) {
@@ -514,7 +515,7 @@ impl Services {
                 &self.plugin,
                 &resolved,
                 req,
-                writes.then_some(&reach.leading),
+                writes.then_some(&reach.tenure),
             )
             .await
     }
@@ -527,7 +528,7 @@ impl Services {
             tracing::debug!(plugin = %self.plugin, "event dropped: events are not available while describing");
             return;
         };
-        if !*reach.leading.borrow() {
+        if !reach.tenure.is_open() {
             tracing::debug!(plugin = %self.plugin, "event dropped: this replica no longer leads");
             return;
         }
@@ -647,16 +648,17 @@ fn check_options(o: &CallOptions, verb: Verb) -> Result<(), Invalid> {
         printable("continue token", t, 8192)?;
     }
     if let Some(m) = &o.field_manager_suffix {
-        // With the plugin's name (a DNS label of at most 63) and '-', within the API server's 128.
+        // `wcm:NAME:SUFFIX`: no ':' in it, and within the API server's 128.
+        let max = crate::cluster::api::MAX_FIELD_MANAGER_SUFFIX;
         let ok = !m.is_empty()
-            && m.len() <= 63
+            && m.len() <= max
             && m.chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         if !ok {
             return Err(Invalid::new(
                 "field manager suffix",
                 m,
-                "must be 1-63 lowercase letters, digits and '-'",
+                format!("must be 1-{max} lowercase letters, digits and '-'"),
             ));
         }
     }
@@ -761,11 +763,16 @@ mod option_tests {
         };
         assert!(ok(deleting.clone(), Verb::Delete));
         assert!(!ok(deleting, merge), "propagation is for delete only");
+        let longest = "s".repeat(60);
+        let too_long = "s".repeat(61);
         for (suffix, good) in [
             ("labels", true),
             ("", false),
             ("Bad", false),
             ("a b", false),
+            ("a:b", false),
+            (longest.as_str(), true),
+            (too_long.as_str(), false),
         ] {
             let o = CallOptions {
                 field_manager_suffix: Some(suffix.into()),

@@ -259,12 +259,15 @@ impl Controller {
 
         // Validated at load; a description that got here has well-formed filters.
         let filters = change_filter::filters(d).unwrap_or_default();
+        // Keys past the cap of one change: logged at most once a minute for the plugin.
+        let capped_logged: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
         let mut tasks = Vec::new();
         for (i, (informer, trigger)) in informers.iter().zip(triggers).enumerate() {
             let mut rx = informer.subscribe();
             let q = queue.clone();
             let filter = filters.get(i).copied().unwrap_or_default();
             let (metrics, plugin) = (parts.metrics.clone(), name.clone());
+            let capped_logged = capped_logged.clone();
             tasks.push(tokio::spawn(async move {
                 while let Some(change) = rx.recv().await {
                     if let Change::Applied {
@@ -276,7 +279,22 @@ impl Controller {
                         metrics.change_filtered(&plugin);
                         continue;
                     }
-                    for key in keys_for(&trigger, &change) {
+                    let (keys, dropped) = keys_for(&trigger, &change);
+                    if dropped > 0 {
+                        metrics.mapped_keys_dropped(&plugin, dropped);
+                        let mut last = capped_logged.lock().unwrap_or_else(|p| p.into_inner());
+                        if last.is_none_or(|t| t.elapsed() >= CAPPED_LOG_INTERVAL) {
+                            *last = Some(Instant::now());
+                            tracing::warn!(
+                                plugin,
+                                dropped,
+                                "a change mapped to more than {MAX_KEYS_PER_CHANGE} primary keys: \
+                                 the rest were not queued (the resync reaches them; \
+                                 wcm_mapped_keys_dropped_total counts them)"
+                            );
+                        }
+                    }
+                    for key in keys {
                         q.add(key);
                     }
                 }
@@ -465,7 +483,17 @@ impl Controller {
     }
 }
 
-fn keys_for(trigger: &Trigger, change: &Change) -> Vec<Key> {
+/// The most primary keys one change of a watched object may queue. An `any-owner` mapping names
+/// a key per owner reference, and anyone who may create objects where the plugin watches may
+/// give one thousands (a label mapping names at most two: the old and the new value).
+pub const MAX_KEYS_PER_CHANGE: usize = 32;
+
+/// How often a plugin's changes capped at [`MAX_KEYS_PER_CHANGE`] are logged at most.
+const CAPPED_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The primary keys a change maps to (at most [`MAX_KEYS_PER_CHANGE`], in the order of the
+/// object's references: old object first), and how many more were left out.
+fn keys_for(trigger: &Trigger, change: &Change) -> (Vec<Key>, usize) {
     let (old, new) = match change {
         Change::Applied { old, new } => (old.as_ref(), Some(new)),
         Change::Deleted { old } => (Some(old), None),
@@ -510,9 +538,14 @@ fn keys_for(trigger: &Trigger, change: &Change) -> Vec<Key> {
             })
             .collect(),
     };
+    // Distinct keys in their first order, at most the cap (dedup by a set: an object may repeat
+    // a reference).
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(k.clone()));
+    let dropped = keys.len().saturating_sub(MAX_KEYS_PER_CHANGE);
+    keys.truncate(MAX_KEYS_PER_CHANGE);
     keys.sort();
-    keys.dedup();
-    keys
+    (keys, dropped)
 }
 
 fn split_api_version(av: &str) -> (&str, &str) {
@@ -785,19 +818,19 @@ mod tests {
             old: None,
             new: pod("a", "p", Some(("apps/v1", "ReplicaSet", "rs1"))),
         };
-        assert_eq!(keys_for(&owner, &owned), vec![Key::new(Some("a"), "rs1")]);
+        assert_eq!(keys_for(&owner, &owned).0, vec![Key::new(Some("a"), "rs1")]);
         let other_owner = Change::Applied {
             old: None,
             new: pod("a", "p", Some(("batch/v1", "Job", "j"))),
         };
-        assert!(keys_for(&owner, &other_owner).is_empty());
+        assert!(keys_for(&owner, &other_owner).0.is_empty());
         // An owner that changes wakes both the old and the new owner.
         let moved = Change::Applied {
             old: Some(pod("a", "p", Some(("apps/v1", "ReplicaSet", "rs1")))),
             new: pod("a", "p", Some(("apps/v1", "ReplicaSet", "rs2"))),
         };
         assert_eq!(
-            keys_for(&owner, &moved),
+            keys_for(&owner, &moved).0,
             vec![Key::new(Some("a"), "rs1"), Key::new(Some("a"), "rs2")]
         );
         let fixed = Trigger::Fixed(Key::new(None, "pod-count"));
@@ -807,7 +840,8 @@ mod tests {
                 &Change::Deleted {
                     old: pod("b", "q", None)
                 }
-            ),
+            )
+            .0,
             vec![Key::new(None, "pod-count")]
         );
         assert_eq!(
@@ -816,7 +850,8 @@ mod tests {
                 &Change::Deleted {
                     old: pod("b", "q", None)
                 }
-            ),
+            )
+            .0,
             vec![Key::new(Some("b"), "q")]
         );
     }
@@ -850,11 +885,11 @@ mod tests {
             any,
         };
         assert_eq!(
-            keys_for(&owner(false), &change),
+            keys_for(&owner(false), &change).0,
             vec![Key::new(Some("a"), "d1")]
         );
         assert_eq!(
-            keys_for(&owner(true), &change),
+            keys_for(&owner(true), &change).0,
             vec![Key::new(Some("a"), "d1"), Key::new(Some("a"), "d2")]
         );
         let label = |key: &str, primary_namespaced| Trigger::Label {
@@ -862,15 +897,70 @@ mod tests {
             primary_namespaced,
         };
         assert_eq!(
-            keys_for(&label("example.com/app", true), &change),
+            keys_for(&label("example.com/app", true), &change).0,
             vec![Key::new(Some("a"), "web")]
         );
         assert_eq!(
-            keys_for(&label("example.com/app", false), &change),
+            keys_for(&label("example.com/app", false), &change).0,
             vec![Key::new(None, "web")]
         );
         // No such label, or a value that is not a name: no key.
-        assert!(keys_for(&label("missing", true), &change).is_empty());
-        assert!(keys_for(&label("bad", true), &change).is_empty());
+        assert!(keys_for(&label("missing", true), &change).0.is_empty());
+        assert!(keys_for(&label("bad", true), &change).0.is_empty());
+    }
+
+    #[test]
+    fn an_object_with_500_owner_references_queues_at_most_32_keys_per_change() {
+        let owners: Vec<_> = (0..500)
+            .map(|i| json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": format!("d{i:03}"), "uid": format!("{i}")}))
+            .collect();
+        let object = |owners: &[serde_json::Value]| {
+            Arc::new(
+                CachedObject::from_value(json!({"metadata": {
+                    "name": "cm", "namespace": "a", "uid": "u", "resourceVersion": "1",
+                    "ownerReferences": owners
+                }}))
+                .expect("object"),
+            )
+        };
+        let any_owner = Trigger::Owner {
+            primary: KindRef {
+                group: "apps".into(),
+                version: "v1".into(),
+                kind: "Deployment".into(),
+            },
+            primary_namespaced: true,
+            any: true,
+        };
+        let created = Change::Applied {
+            old: None,
+            new: object(&owners),
+        };
+        let (keys, dropped) = keys_for(&any_owner, &created);
+        assert_eq!(keys.len(), 32);
+        assert_eq!(dropped, 500 - 32);
+        // The first references, in the object's order.
+        assert_eq!(keys.first(), Some(&Key::new(Some("a"), "d000")));
+        assert_eq!(keys.last(), Some(&Key::new(Some("a"), "d031")));
+        // An update that moves all 500 still queues 32 in all (the old owners first).
+        let moved: Vec<_> = (0..500)
+            .map(|i| json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": format!("e{i:03}"), "uid": format!("e{i}")}))
+            .collect();
+        let update = Change::Applied {
+            old: Some(object(&owners)),
+            new: object(&moved),
+        };
+        let (keys, dropped) = keys_for(&any_owner, &update);
+        assert_eq!(
+            (keys.len(), dropped),
+            (MAX_KEYS_PER_CHANGE, 1000 - MAX_KEYS_PER_CHANGE)
+        );
+        // A few owners: all of them, nothing dropped.
+        let few = Change::Applied {
+            old: None,
+            new: object(&owners[..3]),
+        };
+        assert_eq!(keys_for(&any_owner, &few).1, 0);
+        assert_eq!(keys_for(&any_owner, &few).0.len(), 3);
     }
 }

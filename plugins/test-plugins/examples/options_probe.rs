@@ -4,7 +4,7 @@
 //! - a dry-run merge patch adding the label `dry=yes` (answered with it, never stored);
 //! - a LIST with a field selector on its own name and a limit of 1;
 //! - a DELETE with a UID precondition that does not hold (refused, 409);
-//! - a server-side apply of `wcm.test/applied` under the field manager `options-probe-probe`.
+//! - a server-side apply of `wcm.test/applied` under the field manager `wcm:options-probe:probe`.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;

@@ -34,6 +34,9 @@ pub struct AuditEvent {
     pub response_status: Option<ResponseStatus>,
     /// RFC 3339 with microseconds.
     pub stage_timestamp: String,
+    /// When the request reached the API server (RFC 3339 with microseconds, UTC: the texts of two
+    /// events compare as their times do).
+    pub request_received_timestamp: String,
     /// E.g. `authorization.k8s.io/decision` (`allow` / `forbid`) and `authorization.k8s.io/reason`.
     pub annotations: BTreeMap<String, String>,
 }

@@ -299,7 +299,7 @@ impl PluginManager {
         // Per plugin, the plugin's election; a version swapped in keeps the running one's.
         let gate = self.parts.election.gate(&name);
         self.events
-            .register(&name, identity.client().clone(), gate.holds.clone());
+            .register(&name, identity.client().clone(), gate.tenure.clone());
         let services = Arc::new(
             Services::new(
                 &name,
@@ -311,7 +311,7 @@ impl PluginManager {
                     events: self.events.clone(),
                     secrets,
                     metrics: self.parts.metrics.clone(),
-                    leading: gate.holds.clone(),
+                    tenure: gate.tenure.clone(),
                 },
                 settings.config.clone(),
                 &budgets,
