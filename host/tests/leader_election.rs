@@ -425,8 +425,14 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     )
     .await?;
     println!("balanced: {balanced:?}");
-    // The probes' own address answers them, and only them.
-    assert_eq!(http_get_at(first.health, "/readyz").await?.0, 200);
+    // The probes' own address answers them, and only them. Ready once its first scan has loaded
+    // every file: a plugin's Lease can be taken while another file still loads.
+    eventually(
+        "the first process is ready",
+        Duration::from_secs(30),
+        || async { Ok((http_get_at(first.health, "/readyz").await?.0 == 200).then_some(())) },
+    )
+    .await?;
     assert_eq!(http_get_at(first.health, "/healthz").await?.0, 200);
     assert_eq!(http_get_at(first.health, "/metrics").await?.0, 404);
     // /plugins shows each Lease's holder as this replica last read it (every retry period): it
