@@ -29,12 +29,52 @@ async fn still_loading(manager: &wasm_controller_manager::app::Manager, what: &s
     Ok(())
 }
 
+/// Drops a copy of well-behaved named `name` into `dir`, acting in `ns` only (so its writes are its
+/// reconciles of this test's objects), grants it, creates the ConfigMap `cm_name` in `ns`, and waits
+/// (15 s) until the audit log shows the plugin's own patch of it.
+async fn drop_in_and_see_it_write(
+    env: &testenv::TestEnv,
+    dir: &std::path::Path,
+    ns: &str,
+    name: &str,
+    cm_name: &str,
+) -> Result<()> {
+    let wasm = dir.join(format!("{name}.wasm"));
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::copy(plugin("well-behaved")?, &tmp)?;
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!("name = \"{name}\"\nnamespaces = [\"{ns}\"]\n"),
+    )?;
+    std::fs::rename(&tmp, &wasm)?;
+    grant(std::slice::from_ref(&wasm)).await?;
+    let mark = env.audit_mark()?;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client().await?, ns);
+    cms.create(&PostParams::default(), &cm(cm_name, &[("value", "v")]))
+        .await?;
+    eventually(
+        &format!("{name} patches {cm_name} (audit log)"),
+        Duration::from_secs(15),
+        || async {
+            let patched = env.audit_events_since(mark)?.iter().any(|e| {
+                e.verb == "patch"
+                    && e.effective_user() == plugin_user(name)
+                    && e.object_ref
+                        .as_ref()
+                        .is_some_and(|o| o.name == cm_name && o.namespace == ns)
+                    && e.code() == Some(200)
+            });
+            Ok(patched.then_some(()))
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sleeping_describe_delays_no_other_load_nor_a_revocation() -> Result<()> {
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let ns = env.namespace("slow-describe").await?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let dir = temp_dir("slow-describe")?;
 
     // A running plugin whose grant is revoked later (it watches Pods and writes nothing).
@@ -62,38 +102,8 @@ async fn a_sleeping_describe_delays_no_other_load_nor_a_revocation() -> Result<(
     .await?;
 
     // A plugin dropped in beside it starts within seconds and writes (as itself) to the cluster.
-    let late = dir.join("late.wasm");
-    std::fs::copy(plugin("well-behaved")?, dir.join(".late.tmp"))?;
-    // It acts in this test's namespace only: its writes are its reconciles of this test's objects.
-    std::fs::write(
-        dir.join("late.toml"),
-        format!("name = \"late\"\nnamespaces = [\"{}\"]\n", ns.name),
-    )?;
-    std::fs::rename(dir.join(".late.tmp"), &late)?;
     let dropped = Instant::now();
-    grant(std::slice::from_ref(&late)).await?;
-    let mark = env.audit_mark()?;
-    cms.create(
-        &PostParams::default(),
-        &cm("seen-by-late", &[("value", "v")]),
-    )
-    .await?;
-    eventually(
-        "the late plugin patches seen-by-late (audit log)",
-        Duration::from_secs(15),
-        || async {
-            let patched = env.audit_events_since(mark)?.iter().any(|e| {
-                e.verb == "patch"
-                    && e.effective_user() == plugin_user("late")
-                    && e.object_ref
-                        .as_ref()
-                        .is_some_and(|o| o.name == "seen-by-late" && o.namespace == ns.name)
-                    && e.code() == Some(200)
-            });
-            Ok(patched.then_some(()))
-        },
-    )
-    .await?;
+    drop_in_and_see_it_write(&env, &dir, &ns.name, "late", "seen-by-late").await?;
     let started_in = dropped.elapsed();
     still_loading(&manager, "when the late plugin had started").await?;
     assert!(
@@ -223,39 +233,7 @@ async fn a_stop_that_waits_for_sleeping_calls_delays_no_other_load() -> Result<(
     std::fs::remove_file(dir.join("sleeper.wasm"))?;
     let removed = Instant::now();
     install(&dir, "sleeper", "sleeper-again.wasm")?;
-    let late = dir.join("late-after-stop.wasm");
-    std::fs::copy(plugin("well-behaved")?, dir.join(".late.tmp"))?;
-    std::fs::write(
-        dir.join("late-after-stop.toml"),
-        format!(
-            "name = \"late-after-stop\"\nnamespaces = [\"{}\"]\n",
-            ns.name
-        ),
-    )?;
-    std::fs::rename(dir.join(".late.tmp"), &late)?;
-    grant(std::slice::from_ref(&late)).await?;
-    let mark = env.audit_mark()?;
-    cms.create(
-        &PostParams::default(),
-        &cm("seen-after-stop", &[("value", "v")]),
-    )
-    .await?;
-    eventually(
-        "the new plugin patches seen-after-stop (audit log)",
-        Duration::from_secs(15),
-        || async {
-            let patched = env.audit_events_since(mark)?.iter().any(|e| {
-                e.verb == "patch"
-                    && e.effective_user() == plugin_user("late-after-stop")
-                    && e.object_ref
-                        .as_ref()
-                        .is_some_and(|o| o.name == "seen-after-stop" && o.namespace == ns.name)
-                    && e.code() == Some(200)
-            });
-            Ok(patched.then_some(()))
-        },
-    )
-    .await?;
+    drop_in_and_see_it_write(&env, &dir, &ns.name, "late-after-stop", "seen-after-stop").await?;
     let started_in = removed.elapsed();
     // The other file under the sleeper's name waits until the old controller has stopped.
     let st = status_of(&manager, "sleeper-again").await;
