@@ -103,7 +103,7 @@ async fn a_sleeping_describe_delays_no_other_load_nor_a_revocation() -> Result<(
 
     // A plugin dropped in beside it starts within seconds and writes (as itself) to the cluster.
     let dropped = Instant::now();
-    drop_in_and_see_it_write(&env, &dir, &ns.name, "late", "seen-by-late").await?;
+    drop_in_and_see_it_write(env, &dir, &ns.name, "late", "seen-by-late").await?;
     let started_in = dropped.elapsed();
     still_loading(&manager, "when the late plugin had started").await?;
     assert!(
@@ -233,7 +233,7 @@ async fn a_stop_that_waits_for_sleeping_calls_delays_no_other_load() -> Result<(
     std::fs::remove_file(dir.join("sleeper.wasm"))?;
     let removed = Instant::now();
     install(&dir, "sleeper", "sleeper-again.wasm")?;
-    drop_in_and_see_it_write(&env, &dir, &ns.name, "late-after-stop", "seen-after-stop").await?;
+    drop_in_and_see_it_write(env, &dir, &ns.name, "late-after-stop", "seen-after-stop").await?;
     let started_in = removed.elapsed();
     // The other file under the sleeper's name waits until the old controller has stopped.
     let st = status_of(&manager, "sleeper-again").await;
