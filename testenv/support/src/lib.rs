@@ -21,6 +21,7 @@ pub mod audit;
 mod control;
 pub mod crds;
 pub mod kustomize;
+pub mod node;
 mod namespace;
 pub mod openstack;
 pub mod openstack_api;
@@ -36,6 +37,7 @@ pub use audit::{AuditEvent, AuditMark};
 pub use control::ReadyInfo;
 pub use kustomize::kustomize;
 pub use namespace::TestNamespace;
+pub use node::{ImageFile, ImageSpec, Node, NodeStart};
 pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
 pub use proxy::CuttableProxy;
 
