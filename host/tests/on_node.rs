@@ -348,6 +348,56 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
         Ok((now.len() == 2 && !now.contains(&leader)).then_some(()))
     })
     .await?;
+
+    // SIGKILL of the leader's process: no hand-over, so the other replica takes the Lease only
+    // once it has expired (15 s after the last renewal), and the kubelet restarts the container.
+    let ready = ready_pods(&pods).await?;
+    let leader_identity = eventually("a Lease holder", Duration::from_secs(60), || async {
+        Ok(holder(&leases).await?.filter(|h| pod_of(h, &ready).is_some()))
+    })
+    .await?;
+    let leader = pod_of(&leader_identity, &ready).context("the leader's Pod")?.clone();
+    let pod = pods.get(&leader).await?;
+    let container_id = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .and_then(|c| c.container_id)
+        .context("the leader's container id")?;
+    let transitions_before = transitions(&leases).await?;
+    let killed_at = Instant::now();
+    let killed = node.kill_container(&container_id)?;
+    assert!(killed >= 1, "the leader's process was killed");
+    let next = eventually("a new holder after SIGKILL", Duration::from_secs(60), || async {
+        Ok(holder(&leases).await?.filter(|h| *h != leader_identity))
+    })
+    .await?;
+    let after = killed_at.elapsed();
+    eprintln!(
+        "the leader SIGKILLed: {next} holds the Lease after {:.1}s",
+        after.as_secs_f64()
+    );
+    assert!(
+        after >= Duration::from_secs(10),
+        "the Lease was taken before it expired ({after:?}): the killed leader could not release it"
+    );
+    assert_eq!(transitions(&leases).await?, transitions_before + 1);
+    // The kubelet restarts the killed container: both replicas Ready again.
+    eventually("two Ready replicas after the restart", Duration::from_secs(120), || async {
+        let now = ready_pods(&pods).await?;
+        Ok((now.len() == 2).then_some(()))
+    })
+    .await?;
+    let restarts = pods
+        .get(&leader)
+        .await?
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .map(|c| c.restart_count)
+        .unwrap_or(0);
+    assert_eq!(restarts, 1, "the kubelet restarted the killed container once");
+
     // ip_forward is as it was: nothing the node did routes packets off the machine.
     let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
     assert_eq!(forward, forward_before, "ip_forward is not changed by the node");

@@ -213,6 +213,30 @@ impl Node {
         Ok(text)
     }
 
+    /// SIGKILLs every process of a container (`containerd://ID` or `ID` from the Pod's status), as
+    /// the kernel's OOM killer or a crash would: found by the container's cgroup under the node's
+    /// cgroup root. Returns how many processes were killed.
+    pub fn kill_container(&self, container_id: &str) -> Result<usize> {
+        let id = container_id
+            .rsplit_once("://")
+            .map_or(container_id, |(_, id)| id);
+        anyhow::ensure!(
+            !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()),
+            "not a container id: {container_id:?}"
+        );
+        let root = Path::new("/sys/fs/cgroup/pids/wcm-node");
+        let dir = find_dir(root, id)?.with_context(|| format!("no cgroup for container {id}"))?;
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+        let mut killed = 0;
+        for pid in procs.split_whitespace() {
+            let status = Command::new("kill").args(["-KILL", pid]).status()?;
+            if status.success() {
+                killed += 1;
+            }
+        }
+        Ok(killed)
+    }
+
     /// Stops the node and waits until it has removed everything it made.
     pub fn stop(&self) -> Result<()> {
         let taken = self
@@ -242,6 +266,23 @@ impl Drop for Node {
             eprintln!("stopping the test node: {e:#}");
         }
     }
+}
+
+/// The directory named `name` under `root`, searched depth first.
+fn find_dir(root: &Path, name: &str) -> Result<Option<PathBuf>> {
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        if !entry.file_type()?.is_dir() {
+            continue;
+        }
+        if entry.file_name() == name {
+            return Ok(Some(entry.path()));
+        }
+        if let Some(found) = find_dir(&entry.path(), name)? {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
 }
 
 /// A one-layer image for [`Node::build_image`] (`testenv/node/image.go`).
