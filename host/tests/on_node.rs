@@ -90,8 +90,12 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
 
 /// The node with the product image loaded, or `None` (printed) when this machine cannot run one.
 async fn node_with_image(env: &TestEnv) -> Result<Option<Node>> {
+    let start = Instant::now();
     let node = match Node::start(env).await? {
-        NodeStart::Ready(node) => node,
+        NodeStart::Ready(node) => {
+            eprintln!("the node: Ready {:.1}s after start", start.elapsed().as_secs_f64());
+            node
+        }
         NodeStart::Unavailable(reason) => {
             eprintln!("skipped: this machine cannot run the test node: {reason}");
             return Ok(None);
@@ -397,6 +401,55 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
         .map(|c| c.restart_count)
         .unwrap_or(0);
     assert_eq!(restarts, 1, "the kubelet restarted the killed container once");
+
+    // A rolling update to a new image tag (the same build under another name): the new Pods
+    // become Ready, the old ones go, and the Lease ends with a new Pod, handed over on SIGTERM.
+    let rollout_image = "wasm-controller-manager:rollout";
+    let archive = common::temp_dir("image")?.join("rollout.tar");
+    let mut spec = image::product_image(
+        rollout_image,
+        &image::release_binary()?,
+        &common::plugin("pod_counter")?,
+        &common::plugin("network")?,
+    )?;
+    spec.name = rollout_image.into();
+    node.build_image(&spec, &archive)?;
+    node.load_image(&archive)?;
+    let old_pods = ready_pods(&pods).await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), NS);
+    let rolled_at = Instant::now();
+    deployments
+        .patch(
+            DEPLOYMENT,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": "manager", "image": rollout_image}
+            ]}}}})),
+        )
+        .await?;
+    let new_pods = eventually("the rollout done", Duration::from_secs(180), || async {
+        let list = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=wasm-controller-manager"))
+            .await?;
+        let ready = ready_pods(&pods).await?;
+        let all_new = list.items.len() == 2
+            && list.items.iter().all(|p| {
+                p.spec
+                    .as_ref()
+                    .is_some_and(|s| s.containers[0].image.as_deref() == Some(rollout_image))
+            });
+        Ok((all_new && ready.len() == 2 && ready.is_disjoint(&old_pods)).then_some(ready))
+    })
+    .await?;
+    let holder_after = eventually("a holder among the new Pods", Duration::from_secs(60), || async {
+        Ok(holder(&leases).await?.filter(|h| pod_of(h, &new_pods).is_some()))
+    })
+    .await?;
+    eprintln!(
+        "rolling update: both new Pods Ready and {holder_after} leading {:.1}s after the patch",
+        rolled_at.elapsed().as_secs_f64()
+    );
 
     // ip_forward is as it was: nothing the node did routes packets off the machine.
     let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
