@@ -89,11 +89,14 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
 }
 
 /// The node with the product image loaded, or `None` (printed) when this machine cannot run one.
-async fn node_with_image(env: &TestEnv) -> Result<Option<Node>> {
+async fn node_with_image(env: &TestEnv) -> Result<Option<Box<Node>>> {
     let start = Instant::now();
     let node = match Node::start(env).await? {
         NodeStart::Ready(node) => {
-            eprintln!("the node: Ready {:.1}s after start", start.elapsed().as_secs_f64());
+            eprintln!(
+                "the node: Ready {:.1}s after start",
+                start.elapsed().as_secs_f64()
+            );
             node
         }
         NodeStart::Unavailable(reason) => {
@@ -216,7 +219,9 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
         .patch(
             node.name(),
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}})),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+            ),
         )
         .await?;
 
@@ -243,7 +248,11 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     for name in &ready {
         let pod = pods.get(name).await?;
         let spec = pod.spec.context("pod spec")?;
-        assert_eq!(spec.node_name.as_deref(), Some(node.name()), "{name} runs on the real node");
+        assert_eq!(
+            spec.node_name.as_deref(),
+            Some(node.name()),
+            "{name} runs on the real node"
+        );
         let status = pod.status.context("pod status")?;
         let c = &status.container_statuses.context("container statuses")?[0];
         assert!(
@@ -269,15 +278,22 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     );
 
     // pod-counter, in the leader, labels the node and records events on the Pods it counts.
-    let count = eventually("the pod-count label on the node", Duration::from_secs(60), || async {
-        let n = nodes.get(node.name()).await?;
-        Ok(n.metadata
-            .labels
-            .and_then(|l| l.get(POD_COUNT_LABEL).cloned()))
-    })
+    let count = eventually(
+        "the pod-count label on the node",
+        Duration::from_secs(60),
+        || async {
+            let n = nodes.get(node.name()).await?;
+            Ok(n.metadata
+                .labels
+                .and_then(|l| l.get(POD_COUNT_LABEL).cloned()))
+        },
+    )
     .await?;
     let counted: usize = count.parse().context("the label is a count")?;
-    assert!(counted >= 2, "pod-counter counted the two replicas at least: {count}");
+    assert!(
+        counted >= 2,
+        "pod-counter counted the two replicas at least: {count}"
+    );
     // Events on the Pods it counts (outside wcm-system, where the host records none): a Pod of
     // another namespace, running the node's pause image.
     common::ensure_namespace(&client, "on-node-workload").await?;
@@ -291,25 +307,37 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
         }
     });
     // Retried until the controller-manager has made the namespace's default ServiceAccount.
-    eventually("the workload Pod created", Duration::from_secs(30), || async {
-        workload
-            .patch("sleeper", &PatchParams::apply("on-node-test").force(), &Patch::Apply(&sleeper))
-            .await?;
-        Ok(Some(()))
-    })
+    eventually(
+        "the workload Pod created",
+        Duration::from_secs(30),
+        || async {
+            workload
+                .patch(
+                    "sleeper",
+                    &PatchParams::apply("on-node-test").force(),
+                    &Patch::Apply(&sleeper),
+                )
+                .await?;
+            Ok(Some(()))
+        },
+    )
     .await?;
     let events: Api<Event> = Api::namespaced(client.clone(), "on-node-workload");
-    eventually("pod-counter's event on the workload Pod", Duration::from_secs(60), || async {
-        let list = events.list(&ListParams::default()).await?;
-        Ok(list
-            .items
-            .iter()
-            .any(|e| {
-                e.reporting_controller.as_deref() == Some("pod-counter")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sleeper")
-            })
-            .then_some(()))
-    })
+    eventually(
+        "pod-counter's event on the workload Pod",
+        Duration::from_secs(60),
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.reporting_controller.as_deref() == Some("pod-counter")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sleeper")
+                })
+                .then_some(()))
+        },
+    )
     .await?;
 
     // The leading Pod deleted: the other replica takes the Lease (the leader hands it over on
@@ -342,25 +370,36 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     // DEBUG: a 409 AlreadyExists there is expected.
     for pod in &ready {
         let log = node.pod_log(NS, pod)?;
-        for line in log.lines().filter(|l| l.contains("creating the Lease failed")) {
+        for line in log
+            .lines()
+            .filter(|l| l.contains("creating the Lease failed"))
+        {
             bail!("{pod} logged the Lease create race: {line}");
         }
     }
     // The Deployment replaces the deleted Pod, and it becomes Ready.
-    eventually("two Ready replicas again", Duration::from_secs(120), || async {
-        let now = ready_pods(&pods).await?;
-        Ok((now.len() == 2 && !now.contains(&leader)).then_some(()))
-    })
+    eventually(
+        "two Ready replicas again",
+        Duration::from_secs(120),
+        || async {
+            let now = ready_pods(&pods).await?;
+            Ok((now.len() == 2 && !now.contains(&leader)).then_some(()))
+        },
+    )
     .await?;
 
     // SIGKILL of the leader's process: no hand-over, so the other replica takes the Lease only
     // once it has expired (15 s after the last renewal), and the kubelet restarts the container.
     let ready = ready_pods(&pods).await?;
     let leader_identity = eventually("a Lease holder", Duration::from_secs(60), || async {
-        Ok(holder(&leases).await?.filter(|h| pod_of(h, &ready).is_some()))
+        Ok(holder(&leases)
+            .await?
+            .filter(|h| pod_of(h, &ready).is_some()))
     })
     .await?;
-    let leader = pod_of(&leader_identity, &ready).context("the leader's Pod")?.clone();
+    let leader = pod_of(&leader_identity, &ready)
+        .context("the leader's Pod")?
+        .clone();
     let pod = pods.get(&leader).await?;
     let container_id = pod
         .status
@@ -372,9 +411,11 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     let killed_at = Instant::now();
     let killed = node.kill_container(&container_id)?;
     assert!(killed >= 1, "the leader's process was killed");
-    let next = eventually("a new holder after SIGKILL", Duration::from_secs(60), || async {
-        Ok(holder(&leases).await?.filter(|h| *h != leader_identity))
-    })
+    let next = eventually(
+        "a new holder after SIGKILL",
+        Duration::from_secs(60),
+        || async { Ok(holder(&leases).await?.filter(|h| *h != leader_identity)) },
+    )
     .await?;
     let after = killed_at.elapsed();
     eprintln!(
@@ -387,10 +428,14 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     );
     assert_eq!(transitions(&leases).await?, transitions_before + 1);
     // The kubelet restarts the killed container: both replicas Ready again.
-    eventually("two Ready replicas after the restart", Duration::from_secs(120), || async {
-        let now = ready_pods(&pods).await?;
-        Ok((now.len() == 2).then_some(()))
-    })
+    eventually(
+        "two Ready replicas after the restart",
+        Duration::from_secs(120),
+        || async {
+            let now = ready_pods(&pods).await?;
+            Ok((now.len() == 2).then_some(()))
+        },
+    )
     .await?;
     let restarts = pods
         .get(&leader)
@@ -400,7 +445,10 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
         .and_then(|cs| cs.into_iter().next())
         .map(|c| c.restart_count)
         .unwrap_or(0);
-    assert_eq!(restarts, 1, "the kubelet restarted the killed container once");
+    assert_eq!(
+        restarts, 1,
+        "the kubelet restarted the killed container once"
+    );
 
     // A rolling update to a new image tag (the same build under another name): the new Pods
     // become Ready, the old ones go, and the Lease ends with a new Pod, handed over on SIGTERM.
@@ -442,9 +490,15 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
         Ok((all_new && ready.len() == 2 && ready.is_disjoint(&old_pods)).then_some(ready))
     })
     .await?;
-    let holder_after = eventually("a holder among the new Pods", Duration::from_secs(60), || async {
-        Ok(holder(&leases).await?.filter(|h| pod_of(h, &new_pods).is_some()))
-    })
+    let holder_after = eventually(
+        "a holder among the new Pods",
+        Duration::from_secs(60),
+        || async {
+            Ok(holder(&leases)
+                .await?
+                .filter(|h| pod_of(h, &new_pods).is_some()))
+        },
+    )
     .await?;
     eprintln!(
         "rolling update: both new Pods Ready and {holder_after} leading {:.1}s after the patch",
@@ -453,7 +507,10 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
 
     // ip_forward is as it was: nothing the node did routes packets off the machine.
     let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
-    assert_eq!(forward, forward_before, "ip_forward is not changed by the node");
+    assert_eq!(
+        forward, forward_before,
+        "ip_forward is not changed by the node"
+    );
     node.stop()?;
     Ok(())
 }

@@ -52,7 +52,10 @@ pub fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
         // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
         let path = match line.split_once("=>") {
             Some((_, rest)) => rest.split_whitespace().next(),
-            None => line.split_whitespace().next().filter(|p| p.starts_with('/')),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
         };
         if let Some(p) = path.filter(|p| p.starts_with('/')) {
             libs.push(PathBuf::from(p));
@@ -111,7 +114,11 @@ pub fn product_image(
         files.push(file(&path, lib, 0o755));
     }
     files.extend([
-        file("/usr/local/bin/wasm-controller-manager", release.into(), 0o755),
+        file(
+            "/usr/local/bin/wasm-controller-manager",
+            release.into(),
+            0o755,
+        ),
         file(
             "/opt/wasm-controller-manager/plugins-available/pod_counter.wasm",
             pod_counter.into(),

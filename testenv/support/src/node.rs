@@ -57,7 +57,7 @@ pub struct Node {
 
 /// Whether a node could be started here.
 pub enum NodeStart {
-    Ready(Node),
+    Ready(Box<Node>),
     /// This machine cannot run a node (not root, no cgroups, packages missing): the reason.
     Unavailable(String),
 }
@@ -141,12 +141,12 @@ impl Node {
                 eprintln!("testenv-node: {line}");
             }
         });
-        Ok(NodeStart::Ready(Node {
+        Ok(NodeStart::Ready(Box::new(Node {
             info,
             bin,
             child: Mutex::new(Some((child, stdin))),
             stderr_lines,
-        }))
+        })))
     }
 
     pub fn info(&self) -> &NodeInfo {
