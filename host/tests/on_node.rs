@@ -247,6 +247,29 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     );
     for name in &ready {
         let pod = pods.get(name).await?;
+        // Ready soon after the container started (the startup probe polls /readyz every second),
+        // not at the next 5 s readiness period. Both times are whole seconds.
+        let status = pod.status.clone().context("pod status")?;
+        let started = status
+            .container_statuses
+            .as_ref()
+            .and_then(|cs| cs.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.clone())
+            .context("the container's start")?;
+        let ready_at = status
+            .conditions
+            .as_ref()
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.last_transition_time.clone())
+            .context("the Ready condition's time")?;
+        let delay = ready_at.0.as_second() - started.0.as_second();
+        eprintln!("{name}: Ready {delay}s after its container started");
+        assert!(
+            delay <= 3,
+            "{name} became Ready {delay}s after its container started"
+        );
         let spec = pod.spec.context("pod spec")?;
         assert_eq!(
             spec.node_name.as_deref(),
