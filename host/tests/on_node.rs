@@ -283,6 +283,31 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
             "{name} runs {} (the image built here)",
             c.image
         );
+        // What the kernel says of the running process: the Deployment's security context applied.
+        let id = c.container_id.as_deref().context("container id")?;
+        for pid in node.container_pids(id)? {
+            let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let field = |key: &str| {
+                proc_status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            };
+            assert_eq!(field("Uid:"), "65532 65532 65532 65532", "{name}: uid");
+            assert_eq!(field("Gid:"), "65532 65532 65532 65532", "{name}: gid");
+            assert_eq!(field("NoNewPrivs:"), "1", "{name}: no new privileges");
+            assert_eq!(
+                field("Seccomp:"),
+                "2",
+                "{name}: seccomp filter (RuntimeDefault)"
+            );
+            assert_eq!(
+                field("CapEff:"),
+                "0000000000000000",
+                "{name}: no capabilities"
+            );
+        }
     }
 
     // The Lease is held by one of the two.

@@ -217,6 +217,20 @@ impl Node {
     /// the kernel's OOM killer or a crash would: found by the container's cgroup under the node's
     /// cgroup root. Returns how many processes were killed.
     pub fn kill_container(&self, container_id: &str) -> Result<usize> {
+        let mut killed = 0;
+        for pid in self.container_pids(container_id)? {
+            let pid = pid.to_string();
+            let status = Command::new("kill").args(["-KILL", pid]).status()?;
+            if status.success() {
+                killed += 1;
+            }
+        }
+        Ok(killed)
+    }
+
+    /// The PIDs (in this machine's PID namespace) of a container's processes, found by the
+    /// container's cgroup under the node's cgroup root; `container_id` as in the Pod's status.
+    pub fn container_pids(&self, container_id: &str) -> Result<Vec<u32>> {
         let id = container_id
             .rsplit_once("://")
             .map_or(container_id, |(_, id)| id);
@@ -227,14 +241,10 @@ impl Node {
         let root = Path::new("/sys/fs/cgroup/pids/wcm-node");
         let dir = find_dir(root, id)?.with_context(|| format!("no cgroup for container {id}"))?;
         let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
-        let mut killed = 0;
-        for pid in procs.split_whitespace() {
-            let status = Command::new("kill").args(["-KILL", pid]).status()?;
-            if status.success() {
-                killed += 1;
-            }
-        }
-        Ok(killed)
+        Ok(procs
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect())
     }
 
     /// Stops the node and waits until it has removed everything it made.
