@@ -220,7 +220,7 @@ impl Node {
         let mut killed = 0;
         for pid in self.container_pids(container_id)? {
             let pid = pid.to_string();
-            let status = Command::new("kill").args(["-KILL", pid]).status()?;
+            let status = Command::new("kill").args(["-KILL", &pid]).status()?;
             if status.success() {
                 killed += 1;
             }
