@@ -395,7 +395,8 @@ impl Elector {
             } else {
                 spec.acquire_time.clone()
             },
-            lease_transitions: Some(transitions + i32::from(new_holder && seen.holder().is_some())),
+            // Every change of holder counts, a Lease its holder released included (as client-go).
+            lease_transitions: Some(transitions.saturating_add(i32::from(new_holder))),
             ..spec
         });
         // The resourceVersion read above is the precondition: a racing replica gets 409.
@@ -466,13 +467,18 @@ impl Elector {
                     .send_replace(Some(self.settings.identity.clone()));
             }
             Err(e) => {
-                // Another replica made it first, or it cannot be made: not leading.
+                // Another replica made it first (409 AlreadyExists: the expected start-up race), or
+                // it cannot be made: not leading.
                 self.renewed = None;
-                tracing::warn!(
-                lease = %self.settings.lease_name,
-                namespace = %self.settings.namespace,
-                    "creating the Lease failed: {e}"
-                );
+                if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                    tracing::debug!(lease = %self.settings.lease_name, "another replica created the Lease first: {e}");
+                } else {
+                    tracing::warn!(
+                        lease = %self.settings.lease_name,
+                        namespace = %self.settings.namespace,
+                        "creating the Lease failed: {e}"
+                    );
+                }
             }
         }
     }

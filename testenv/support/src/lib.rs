@@ -22,6 +22,7 @@ mod control;
 pub mod crds;
 pub mod kustomize;
 mod namespace;
+pub mod node;
 pub mod openstack;
 pub mod openstack_api;
 pub mod proxy;
@@ -36,6 +37,7 @@ pub use audit::{AuditEvent, AuditMark};
 pub use control::ReadyInfo;
 pub use kustomize::kustomize;
 pub use namespace::TestNamespace;
+pub use node::{ImageFile, ImageSpec, Node, NodeStart};
 pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
 pub use proxy::CuttableProxy;
 

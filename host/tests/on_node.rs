@@ -1,0 +1,560 @@
+//! `manifests/` on a real node: the image built here from the release build (as the `Dockerfile`
+//! describes it), loaded into the node's containerd, and the kustomization applied unchanged but
+//! for `imagePullPolicy: Never` (no registry can be reached). Judged by what the API server holds:
+//! the Pods' conditions (the kubelet's own probes), the Lease, the Node's label, the events.
+//!
+//! The node is testenv's (`testenv/node/`, docs/testenv.md). A machine that cannot run one (not
+//! root, no cgroup v1, containerd/runc/CNI plugins missing) skips these tests with a printed reason.
+
+mod common;
+#[path = "node/image.rs"]
+mod image;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::Scope;
+use serde_json::{Value, json};
+use testenv::{Node, NodeStart, TestEnv};
+
+use common::eventually;
+
+const NS: &str = "wcm-system";
+const DEPLOYMENT: &str = "wasm-controller-manager";
+const LEASE: &str = "wasm-controller-manager";
+const POD_COUNT_LABEL: &str = "hopegi/pod-count";
+
+#[test]
+fn the_dockerfile_and_the_test_image_describe_the_same_image() -> Result<()> {
+    let dockerfile = std::fs::read_to_string(testenv::repo_root().join("Dockerfile"))?;
+    let docker = image::dockerfile_image(&dockerfile)?;
+    let release = image::release_binary()?;
+    let spec = image::product_image(
+        image::IMAGE,
+        &release,
+        &common::plugin("pod_counter")?,
+        &common::plugin("network")?,
+    )?;
+    assert_eq!(spec.entrypoint, docker.entrypoint, "ENTRYPOINT");
+    assert_eq!(spec.cmd, docker.cmd, "CMD");
+    assert_eq!(spec.user, docker.user, "USER");
+    assert_eq!(
+        image::product_entries(&spec),
+        docker.entries,
+        "the files the product puts in the image (path, directory, owner)"
+    );
+    // The rest of the test image stands for the distroless base: the libraries must be ones it has.
+    for lib in image::libraries(&release)? {
+        let name = lib.file_name().map(|n| n.to_string_lossy().into_owned());
+        assert!(
+            name.as_deref()
+                .is_some_and(|n| image::BASE_LIBRARIES.contains(&n)),
+            "the release binary links {} which distroless cc-debian12 does not ship",
+            lib.display()
+        );
+    }
+    // And the Deployment runs what the Dockerfile's image runs by default.
+    let rendered = render_manifests()?;
+    let deployment = find(&rendered, "Deployment", DEPLOYMENT)?;
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], image::IMAGE);
+    let args: Vec<String> = serde_json::from_value(container["args"].clone())?;
+    assert_eq!(&args[..docker.cmd.len()], &docker.cmd[..]);
+    Ok(())
+}
+
+/// `kubectl kustomize manifests/`, as objects.
+fn render_manifests() -> Result<Vec<Value>> {
+    let text = testenv::kustomize(&testenv::manifests_dir())?;
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc)?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .with_context(|| format!("no {kind} {name} in manifests/"))
+}
+
+/// The node with the product image loaded, or `None` (printed) when this machine cannot run one.
+async fn node_with_image(env: &TestEnv) -> Result<Option<Box<Node>>> {
+    let start = Instant::now();
+    let node = match Node::start(env).await? {
+        NodeStart::Ready(node) => {
+            eprintln!(
+                "the node: Ready {:.1}s after start",
+                start.elapsed().as_secs_f64()
+            );
+            node
+        }
+        NodeStart::Unavailable(reason) => {
+            eprintln!("skipped: this machine cannot run the test node: {reason}");
+            return Ok(None);
+        }
+    };
+    let spec = image::product_image(
+        image::IMAGE,
+        &image::release_binary()?,
+        &common::plugin("pod_counter")?,
+        &common::plugin("network")?,
+    )?;
+    let archive = common::temp_dir("image")?.join("wasm-controller-manager.tar");
+    let started = Instant::now();
+    node.build_image(&spec, &archive)?;
+    node.load_image(&archive)?;
+    eprintln!(
+        "the product image: built and loaded in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Some(node))
+}
+
+/// Server-side apply of every object of `manifests/`, the Deployment with `imagePullPolicy: Never`.
+async fn apply_manifests(client: &kube::Client) -> Result<()> {
+    let mut docs = render_manifests()?;
+    for doc in &mut docs {
+        if doc["kind"] == "Deployment" {
+            for c in doc["spec"]["template"]["spec"]["containers"]
+                .as_array_mut()
+                .context("containers")?
+            {
+                c["imagePullPolicy"] = json!("Never");
+            }
+        }
+    }
+    for doc in docs {
+        apply(client, &doc).await?;
+    }
+    Ok(())
+}
+
+async fn apply(client: &kube::Client, doc: &Value) -> Result<()> {
+    let (group, version) = match doc["apiVersion"].as_str().context("apiVersion")? {
+        v if v.contains('/') => v.split_once('/').context("apiVersion")?,
+        v => ("", v),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, doc["kind"].as_str().context("kind")?);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
+    let name = doc["metadata"]["name"].as_str().context("name")?;
+    let api: Api<DynamicObject> = match (&caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply("on-node-test").force(),
+        &Patch::Apply(doc),
+    )
+    .await
+    .with_context(|| format!("apply {} {name}", gvk.kind))?;
+    Ok(())
+}
+
+/// The Deployment's Pods that are Ready (the kubelet's readiness probe passed), by name.
+async fn ready_pods(pods: &Api<Pod>) -> Result<BTreeSet<String>> {
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=wasm-controller-manager"))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|p| p.metadata.name.clone())
+        .collect())
+}
+
+async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
+    Ok(leases
+        .get_opt(LEASE)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+async fn transitions(leases: &Api<Lease>) -> Result<i32> {
+    Ok(leases
+        .get(LEASE)
+        .await?
+        .spec
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0))
+}
+
+/// The Pod a Lease holder identity names (the identity is the Pod's name with a suffix).
+fn pod_of<'a>(identity: &str, pods: &'a BTreeSet<String>) -> Option<&'a String> {
+    pods.iter().find(|p| identity.starts_with(p.as_str()))
+}
+
+#[tokio::test]
+async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labelled_node()
+-> Result<()> {
+    let env = TestEnv::shared().await?;
+    let forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
+    let Some(node) = node_with_image(env).await? else {
+        return Ok(());
+    };
+    let client = env.client().await?;
+    // pod-counter labels control-plane nodes only: make the real node one.
+    let nodes: Api<KubeNode> = Api::all(client.clone());
+    nodes
+        .patch(
+            node.name(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+            ),
+        )
+        .await?;
+
+    let applied = Instant::now();
+    apply_manifests(&client).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let ready = eventually("both replicas Ready", Duration::from_secs(180), || async {
+        let ready = ready_pods(&pods).await?;
+        Ok((ready.len() == 2).then_some(ready))
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "kubelet log tail:\n{}",
+            node.part_log("kubelet")
+                .map(|l| l.lines().rev().take(30).collect::<Vec<_>>().join("\n"))
+                .unwrap_or_default()
+        )
+    })?;
+    eprintln!(
+        "both replicas Ready {:.1}s after apply",
+        applied.elapsed().as_secs_f64()
+    );
+    for name in &ready {
+        let pod = pods.get(name).await?;
+        // Printed, not asserted: it is the host's own start (slower on a busy machine) plus the
+        // probe's delay (the startup probe polls /readyz every second).
+        let status = pod.status.clone().context("pod status")?;
+        let started = status
+            .container_statuses
+            .as_ref()
+            .and_then(|cs| cs.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.clone())
+            .context("the container's start")?;
+        let ready_at = status
+            .conditions
+            .as_ref()
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.last_transition_time.clone())
+            .context("the Ready condition's time")?;
+        let delay = ready_at.0.as_second() - started.0.as_second();
+        eprintln!("{name}: Ready {delay}s after its container started");
+        let spec = pod.spec.context("pod spec")?;
+        assert_eq!(
+            spec.node_name.as_deref(),
+            Some(node.name()),
+            "{name} runs on the real node"
+        );
+        let status = pod.status.context("pod status")?;
+        let c = &status.container_statuses.context("container statuses")?[0];
+        assert!(
+            c.image.ends_with(image::IMAGE),
+            "{name} runs {} (the image built here)",
+            c.image
+        );
+        // What the kernel says of the running process: the Deployment's security context applied.
+        let id = c.container_id.as_deref().context("container id")?;
+        for pid in node.container_pids(id)? {
+            let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let field = |key: &str| {
+                proc_status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            };
+            assert_eq!(field("Uid:"), "65532 65532 65532 65532", "{name}: uid");
+            assert_eq!(field("Gid:"), "65532 65532 65532 65532", "{name}: gid");
+            assert_eq!(field("NoNewPrivs:"), "1", "{name}: no new privileges");
+            assert_eq!(
+                field("Seccomp:"),
+                "2",
+                "{name}: seccomp filter (RuntimeDefault)"
+            );
+            assert_eq!(
+                field("CapEff:"),
+                "0000000000000000",
+                "{name}: no capabilities"
+            );
+        }
+    }
+
+    // The Lease is held by one of the two.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let leader = eventually("a Lease holder", Duration::from_secs(60), || async {
+        Ok(holder(&leases)
+            .await?
+            .and_then(|h| pod_of(&h, &ready).cloned()))
+    })
+    .await?;
+    eprintln!("the leader: {leader}");
+    let log = node.pod_log(NS, &leader)?;
+    assert!(
+        log.contains("in-cluster"),
+        "the leader uses the in-cluster configuration (the ServiceAccount the kubelet mounted):\n{log}"
+    );
+
+    // pod-counter, in the leader, labels the node and records events on the Pods it counts.
+    let count = eventually(
+        "the pod-count label on the node",
+        Duration::from_secs(60),
+        || async {
+            let n = nodes.get(node.name()).await?;
+            Ok(n.metadata
+                .labels
+                .and_then(|l| l.get(POD_COUNT_LABEL).cloned()))
+        },
+    )
+    .await?;
+    let counted: usize = count.parse().context("the label is a count")?;
+    assert!(
+        counted >= 2,
+        "pod-counter counted the two replicas at least: {count}"
+    );
+    // Events on the Pods it counts (outside wcm-system, where the host records none): a Pod of
+    // another namespace, running the node's pause image.
+    common::ensure_namespace(&client, "on-node-workload").await?;
+    let workload: Api<Pod> = Api::namespaced(client.clone(), "on-node-workload");
+    let sleeper = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sleeper", "namespace": "on-node-workload"},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "pause", "image": "wcm.test/pause:1", "imagePullPolicy": "Never"}]
+        }
+    });
+    // Retried until the controller-manager has made the namespace's default ServiceAccount.
+    eventually(
+        "the workload Pod created",
+        Duration::from_secs(30),
+        || async {
+            workload
+                .patch(
+                    "sleeper",
+                    &PatchParams::apply("on-node-test").force(),
+                    &Patch::Apply(&sleeper),
+                )
+                .await?;
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), "on-node-workload");
+    eventually(
+        "pod-counter's event on the workload Pod",
+        Duration::from_secs(60),
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.reporting_controller.as_deref() == Some("pod-counter")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sleeper")
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    // The leading Pod deleted: the other replica takes the Lease (the leader hands it over on
+    // SIGTERM).
+    let transitions_before = transitions(&leases).await?;
+    let deleted_at = Instant::now();
+    pods.delete(&leader, &DeleteParams::default()).await?;
+    // Any other holder: the standby, or the Pod that replaces the deleted one if it asks first.
+    let new_leader = eventually("a new Lease holder", Duration::from_secs(60), || async {
+        Ok(holder(&leases)
+            .await?
+            .filter(|h| !h.starts_with(leader.as_str())))
+    })
+    .await?;
+    eprintln!(
+        "the leader's Pod deleted: {new_leader} holds the Lease after {:.2}s",
+        deleted_at.elapsed().as_secs_f64()
+    );
+    if new_leader == leader {
+        bail!("the deleted Pod still leads");
+    }
+    // One change of holder, one transition, as client-go counts them: the leader released the
+    // Lease on SIGTERM and the standby took it.
+    assert_eq!(
+        transitions(&leases).await?,
+        transitions_before + 1,
+        "leaseTransitions counts the hand-over of a released Lease"
+    );
+    // The replica that lost the start-up race to create the Lease says nothing about it above
+    // DEBUG: a 409 AlreadyExists there is expected.
+    for pod in &ready {
+        let log = node.pod_log(NS, pod)?;
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.contains("creating the Lease failed"))
+        {
+            bail!("{pod} logged the Lease create race: {line}");
+        }
+    }
+    // The Deployment replaces the deleted Pod, and it becomes Ready.
+    eventually(
+        "two Ready replicas again",
+        Duration::from_secs(120),
+        || async {
+            let now = ready_pods(&pods).await?;
+            Ok((now.len() == 2 && !now.contains(&leader)).then_some(()))
+        },
+    )
+    .await?;
+
+    // SIGKILL of the leader's process: no hand-over, so the other replica takes the Lease only
+    // once it has expired (15 s after the last renewal), and the kubelet restarts the container.
+    let ready = ready_pods(&pods).await?;
+    let leader_identity = eventually("a Lease holder", Duration::from_secs(60), || async {
+        Ok(holder(&leases)
+            .await?
+            .filter(|h| pod_of(h, &ready).is_some()))
+    })
+    .await?;
+    let leader = pod_of(&leader_identity, &ready)
+        .context("the leader's Pod")?
+        .clone();
+    let pod = pods.get(&leader).await?;
+    let container_id = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .and_then(|c| c.container_id)
+        .context("the leader's container id")?;
+    let transitions_before = transitions(&leases).await?;
+    let killed_at = Instant::now();
+    let killed = node.kill_container(&container_id)?;
+    assert!(killed >= 1, "the leader's process was killed");
+    let next = eventually(
+        "a new holder after SIGKILL",
+        Duration::from_secs(60),
+        || async { Ok(holder(&leases).await?.filter(|h| *h != leader_identity)) },
+    )
+    .await?;
+    let after = killed_at.elapsed();
+    eprintln!(
+        "the leader SIGKILLed: {next} holds the Lease after {:.1}s",
+        after.as_secs_f64()
+    );
+    assert!(
+        after >= Duration::from_secs(10),
+        "the Lease was taken before it expired ({after:?}): the killed leader could not release it"
+    );
+    assert_eq!(transitions(&leases).await?, transitions_before + 1);
+    // The kubelet restarts the killed container: both replicas Ready again.
+    eventually(
+        "two Ready replicas after the restart",
+        Duration::from_secs(120),
+        || async {
+            let now = ready_pods(&pods).await?;
+            Ok((now.len() == 2).then_some(()))
+        },
+    )
+    .await?;
+    let restarts = pods
+        .get(&leader)
+        .await?
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .map(|c| c.restart_count)
+        .unwrap_or(0);
+    assert_eq!(
+        restarts, 1,
+        "the kubelet restarted the killed container once"
+    );
+
+    // A rolling update to a new image tag (the same build under another name): the new Pods
+    // become Ready, the old ones go, and the Lease ends with a new Pod, handed over on SIGTERM.
+    let rollout_image = "wasm-controller-manager:rollout";
+    let archive = common::temp_dir("image")?.join("rollout.tar");
+    let mut spec = image::product_image(
+        rollout_image,
+        &image::release_binary()?,
+        &common::plugin("pod_counter")?,
+        &common::plugin("network")?,
+    )?;
+    spec.name = rollout_image.into();
+    node.build_image(&spec, &archive)?;
+    node.load_image(&archive)?;
+    let old_pods = ready_pods(&pods).await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), NS);
+    let rolled_at = Instant::now();
+    deployments
+        .patch(
+            DEPLOYMENT,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": "manager", "image": rollout_image}
+            ]}}}})),
+        )
+        .await?;
+    let new_pods = eventually("the rollout done", Duration::from_secs(180), || async {
+        let list = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=wasm-controller-manager"))
+            .await?;
+        let ready = ready_pods(&pods).await?;
+        let all_new = list.items.len() == 2
+            && list.items.iter().all(|p| {
+                p.spec
+                    .as_ref()
+                    .is_some_and(|s| s.containers[0].image.as_deref() == Some(rollout_image))
+            });
+        Ok((all_new && ready.len() == 2 && ready.is_disjoint(&old_pods)).then_some(ready))
+    })
+    .await?;
+    let holder_after = eventually(
+        "a holder among the new Pods",
+        Duration::from_secs(60),
+        || async {
+            Ok(holder(&leases)
+                .await?
+                .filter(|h| pod_of(h, &new_pods).is_some()))
+        },
+    )
+    .await?;
+    eprintln!(
+        "rolling update: both new Pods Ready and {holder_after} leading {:.1}s after the patch",
+        rolled_at.elapsed().as_secs_f64()
+    );
+
+    // ip_forward is as it was: nothing the node did routes packets off the machine.
+    let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
+    assert_eq!(
+        forward, forward_before,
+        "ip_forward is not changed by the node"
+    );
+    node.stop()?;
+    Ok(())
+}
