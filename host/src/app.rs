@@ -12,6 +12,7 @@ use crate::cluster::election::{Election, LeaderMode, PluginLeases};
 use crate::cluster::events::{self, EventSettings};
 use crate::cluster::identity::IdentitySettings;
 use crate::cluster::leader::{LeaderSettings, Leadership};
+use crate::cluster::reach::ApiReach;
 use crate::cluster::services::BudgetSettings;
 use crate::cluster::tenure::Tenure;
 use crate::engine::controller::ControllerParts;
@@ -22,6 +23,7 @@ use crate::loading::settings::ControllerSelection;
 use crate::metrics::Metrics;
 use crate::sandbox::tape::{RecordWhat, Recorder};
 use crate::sandbox::{Limits, MemoryReset, Runtime, RuntimeSettings};
+use crate::serving::HttpState;
 
 /// Everything `run` needs, as parsed from the command line.
 #[derive(Debug, Clone)]
@@ -82,6 +84,7 @@ pub struct Manager {
     crd_task: tokio::task::JoinHandle<()>,
     http_task: Option<tokio::task::JoinHandle<()>>,
     health_task: Option<tokio::task::JoinHandle<()>>,
+    reach_task: tokio::task::JoinHandle<()>,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
     /// What the workers see: true while this replica may reconcile.
@@ -242,18 +245,22 @@ impl Manager {
             config,
         );
         // Health and metrics answer from the start, also while the first scan loads plugins.
+        let (reach, reach_task) = ApiReach::start(client.clone());
+        let state = HttpState {
+            metrics: metrics.clone(),
+            plugins: plugins.clone(),
+            reach,
+        };
         let (http_task, metrics_addr) = match cfg.metrics_addr {
             Some(addr) => {
-                let (task, bound) =
-                    crate::serving::serve(addr, metrics.clone(), plugins.clone()).await?;
+                let (task, bound) = crate::serving::serve(addr, state.clone()).await?;
                 (Some(task), Some(bound))
             }
             None => (None, None),
         };
         let (health_task, health_addr) = match cfg.health_addr {
             Some(addr) => {
-                let (task, bound) =
-                    crate::serving::serve_health(addr, metrics.clone(), plugins.clone()).await?;
+                let (task, bound) = crate::serving::serve_health(addr, state).await?;
                 (Some(task), Some(bound))
             }
             None => (None, None),
@@ -274,6 +281,7 @@ impl Manager {
             crd_task,
             http_task,
             health_task,
+            reach_task,
             metrics_addr,
             health_addr,
             gate,
@@ -301,6 +309,7 @@ impl Manager {
         self.plugin_task.abort();
         self.crd_task.abort();
         self.plugins.stop_all().await;
+        self.reach_task.abort();
         for t in [self.http_task, self.health_task].into_iter().flatten() {
             t.abort();
         }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use common::deploying::{copy_dir, write_doc_example};
 use common::*;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -226,71 +227,6 @@ async fn kustomize_renders_exactly_the_dry_run_objects() -> Result<()> {
             assert!(namespace.is_empty(), "{id}: a {kind} names a namespace");
         } else {
             assert!(!namespace.is_empty(), "{id}: no namespace set");
-        }
-    }
-    Ok(())
-}
-
-/// Writes the files of docs/deploying.md's example: every fenced block whose first line is
-/// `# my-deploy/PATH` becomes that file, and one whose first line is `# appended to
-/// my-deploy/PATH` is added to its end, in the order of the page. Returns the paths touched.
-fn write_doc_example(doc: &str, root: &Path) -> Result<BTreeSet<String>> {
-    let mut touched = BTreeSet::new();
-    let mut lines = doc.lines();
-    while let Some(line) = lines.next() {
-        let fence = line.trim_start();
-        if !fence.starts_with("```") {
-            continue;
-        }
-        // A block inside a list item is indented; its YAML starts at the fence's column.
-        let indent = line.len() - fence.len();
-        let mut body = Vec::new();
-        for l in lines.by_ref() {
-            if l.trim_start().starts_with("```") {
-                break;
-            }
-            let strip = l.len() - l.trim_start_matches(' ').len();
-            body.push(&l[strip.min(indent)..]);
-        }
-        let Some(first) = body.first() else { continue };
-        let (path, append) = match first.strip_prefix("# appended to ") {
-            Some(p) => (p, true),
-            None => match first.strip_prefix("# ") {
-                Some(p) if p.starts_with("my-deploy/") => (p, false),
-                _ => continue,
-            },
-        };
-        let path = path.trim();
-        anyhow::ensure!(
-            path.starts_with("my-deploy/") && !path.split('/').any(|c| c == ".."),
-            "docs/deploying.md: block for {path:?} is outside my-deploy/"
-        );
-        let file = root.join(path);
-        if append {
-            let mut text = std::fs::read_to_string(&file)
-                .with_context(|| format!("{path} is appended to before it is written"))?;
-            for l in &body[1..] {
-                text.push_str(l);
-                text.push('\n');
-            }
-            std::fs::write(&file, text)?;
-        } else {
-            std::fs::write(&file, body.join("\n") + "\n")?;
-        }
-        touched.insert(path.to_string());
-    }
-    Ok(touched)
-}
-
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let dst = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &dst)?;
-        } else {
-            std::fs::copy(entry.path(), &dst)?;
         }
     }
     Ok(())

@@ -1,7 +1,12 @@
 //! `manifests/` on a real node: the image built here from the release build (as the `Dockerfile`
 //! describes it), loaded into the node's containerd, and the kustomization applied unchanged but
 //! for `imagePullPolicy: Never` (no registry can be reached). Judged by what the API server holds:
-//! the Pods' conditions (the kubelet's own probes), the Lease, the Node's label, the events.
+//! the Pods' conditions (the kubelet's own probes), the Lease, the Node's label, the events, the
+//! audit log and Neutron's own API. Then, on the running Pods: a replica cut from the API server,
+//! plugins added through docs/deploying.md's ConfigMap slots (the network plugin reaching the real
+//! Neutron from inside the Pods), the leading Pod deleted with a reconcile in flight, the leader
+//! SIGKILLed, and a rolling update; across all of it, no plugin write from a replica that did not
+//! hold the Lease, and no reconcile lost.
 //!
 //! The node is testenv's (`testenv/node/`, docs/testenv.md). A machine that cannot run one (not
 //! root, no cgroup v1, containerd/runc/CNI plugins missing) skips these tests with a printed reason.
@@ -9,19 +14,21 @@
 mod common;
 #[path = "node/image.rs"]
 mod image;
+#[path = "node/ops.rs"]
+mod ops;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node as KubeNode, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
 use serde_json::{Value, json};
-use testenv::{Node, NodeStart, TestEnv};
+use testenv::{Node, NodeStart, OpenStack, TestEnv};
 
 use common::eventually;
 
@@ -123,7 +130,12 @@ async fn node_with_image(env: &TestEnv) -> Result<Option<Box<Node>>> {
 
 /// Server-side apply of every object of `manifests/`, the Deployment with `imagePullPolicy: Never`.
 async fn apply_manifests(client: &kube::Client) -> Result<()> {
-    let mut docs = render_manifests()?;
+    apply_all(client, render_manifests()?).await
+}
+
+/// Server-side apply of `docs`, in order, each Deployment with `imagePullPolicy: Never` (no
+/// registry can be reached): the only change the test makes to what it applies.
+async fn apply_all(client: &kube::Client, mut docs: Vec<Value>) -> Result<()> {
     for doc in &mut docs {
         if doc["kind"] == "Deployment" {
             for c in doc["spec"]["template"]["spec"]["containers"]
@@ -204,14 +216,75 @@ fn pod_of<'a>(identity: &str, pods: &'a BTreeSet<String>) -> Option<&'a String> 
     pods.iter().find(|p| identity.starts_with(p.as_str()))
 }
 
-#[tokio::test]
-async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labelled_node()
--> Result<()> {
+/// A Pod of the workload namespace running the node's pause image (pod-counter counts it).
+async fn create_workload_pod(workload: &Api<Pod>, name: &str) -> Result<()> {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "on-node-workload"},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "pause", "image": "wcm.test/pause:1", "imagePullPolicy": "Never"}]
+        }
+    });
+    workload
+        .patch(
+            name,
+            &PatchParams::apply("on-node-test").force(),
+            &Patch::Apply(&pod),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Whether pod-counter recorded its event on the Pod `name`.
+async fn has_count_event(events: &Api<Event>, name: &str) -> Result<bool> {
+    let list = events.list(&ListParams::default()).await?;
+    Ok(list.items.iter().any(|e| {
+        e.reporting_controller.as_deref() == Some("pod-counter")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+    }))
+}
+
+/// The main process of a Pod's (first) container, and the container's restart count.
+async fn main_process(node: &Node, pods: &Api<Pod>, pod: &str) -> Result<(u32, i32)> {
+    let status = pods
+        .get(pod)
+        .await?
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .with_context(|| format!("{pod}: no container status"))?;
+    let id = status
+        .container_id
+        .with_context(|| format!("{pod}: no container id"))?;
+    let pid = node
+        .container_pids(&id)?
+        .into_iter()
+        .min()
+        .with_context(|| format!("{pod}: no process"))?;
+    Ok((pid, status.restart_count))
+}
+
+/// What `/plugins` of one replica says, read through the API server's proxy to the Pod (as
+/// docs/deploying.md shows operators).
+async fn pod_plugins(client: &kube::Client, pod: &str) -> Result<String> {
+    let req = http::Request::get(format!(
+        "/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy/plugins"
+    ))
+    .body(Vec::new())?;
+    Ok(client.request_text(req).await?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()> {
     let env = TestEnv::shared().await?;
     let forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?;
-    let Some(node) = node_with_image(env).await? else {
+    let (node, os) = tokio::join!(node_with_image(env), OpenStack::start());
+    let Some(node) = node? else {
         return Ok(());
     };
+    let os = os?;
+    let audit_mark = env.audit_mark()?;
     let client = env.client().await?;
     // pod-counter labels control-plane nodes only: make the real node one.
     let nodes: Api<KubeNode> = Api::all(client.clone());
@@ -342,26 +415,12 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     // another namespace, running the node's pause image.
     common::ensure_namespace(&client, "on-node-workload").await?;
     let workload: Api<Pod> = Api::namespaced(client.clone(), "on-node-workload");
-    let sleeper = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "sleeper", "namespace": "on-node-workload"},
-        "spec": {
-            "automountServiceAccountToken": false,
-            "containers": [{"name": "pause", "image": "wcm.test/pause:1", "imagePullPolicy": "Never"}]
-        }
-    });
     // Retried until the controller-manager has made the namespace's default ServiceAccount.
     eventually(
         "the workload Pod created",
         Duration::from_secs(30),
         || async {
-            workload
-                .patch(
-                    "sleeper",
-                    &PatchParams::apply("on-node-test").force(),
-                    &Patch::Apply(&sleeper),
-                )
-                .await?;
+            create_workload_pod(&workload, "sleeper").await?;
             Ok(Some(()))
         },
     )
@@ -370,46 +429,10 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     eventually(
         "pod-counter's event on the workload Pod",
         Duration::from_secs(60),
-        || async {
-            let list = events.list(&ListParams::default()).await?;
-            Ok(list
-                .items
-                .iter()
-                .any(|e| {
-                    e.reporting_controller.as_deref() == Some("pod-counter")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sleeper")
-                })
-                .then_some(()))
-        },
+        || async { Ok(has_count_event(&events, "sleeper").await?.then_some(())) },
     )
     .await?;
 
-    // The leading Pod deleted: the other replica takes the Lease (the leader hands it over on
-    // SIGTERM).
-    let transitions_before = transitions(&leases).await?;
-    let deleted_at = Instant::now();
-    pods.delete(&leader, &DeleteParams::default()).await?;
-    // Any other holder: the standby, or the Pod that replaces the deleted one if it asks first.
-    let new_leader = eventually("a new Lease holder", Duration::from_secs(60), || async {
-        Ok(holder(&leases)
-            .await?
-            .filter(|h| !h.starts_with(leader.as_str())))
-    })
-    .await?;
-    eprintln!(
-        "the leader's Pod deleted: {new_leader} holds the Lease after {:.2}s",
-        deleted_at.elapsed().as_secs_f64()
-    );
-    if new_leader == leader {
-        bail!("the deleted Pod still leads");
-    }
-    // One change of holder, one transition, as client-go counts them: the leader released the
-    // Lease on SIGTERM and the standby took it.
-    assert_eq!(
-        transitions(&leases).await?,
-        transitions_before + 1,
-        "leaseTransitions counts the hand-over of a released Lease"
-    );
     // The replica that lost the start-up race to create the Lease says nothing about it above
     // DEBUG: a 409 AlreadyExists there is expected.
     for pod in &ready {
@@ -421,6 +444,350 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
             bail!("{pod} logged the Lease create race: {line}");
         }
     }
+    let info = node.info().clone();
+
+    // A replica that cannot reach the API server is not Ready (its /readyz says so), and is not
+    // restarted for it (/healthz still answers): the standby's route to the API server's address
+    // becomes a blackhole in its own network namespace, then is put back.
+    let standby = ready
+        .iter()
+        .find(|p| **p != leader)
+        .context("the standby")?
+        .clone();
+    let (standby_pid, standby_restarts) = main_process(&node, &pods, &standby).await?;
+    ops::cut_from_apiserver(standby_pid, &info.cluster_ip)?;
+    let cut_at = Instant::now();
+    let not_ready = eventually(
+        "the standby, cut from the API server, not Ready",
+        Duration::from_secs(90),
+        || async { Ok((!ready_pods(&pods).await?.contains(&standby)).then_some(())) },
+    )
+    .await;
+    let not_ready_after = cut_at.elapsed();
+    ops::restore_apiserver_route(standby_pid, &info.cluster_ip, &info.node_ip)?;
+    not_ready?;
+    eprintln!(
+        "{standby}: cut from the API server, not Ready after {:.1}s",
+        not_ready_after.as_secs_f64()
+    );
+    eventually(
+        "the standby Ready again once it reaches the API server",
+        Duration::from_secs(90),
+        || async { Ok(ready_pods(&pods).await?.contains(&standby).then_some(())) },
+    )
+    .await?;
+    assert_eq!(
+        main_process(&node, &pods, &standby).await?.1,
+        standby_restarts,
+        "the kubelet did not restart the cut-off replica (its liveness probe kept passing)"
+    );
+
+    // docs/deploying.md, "Adding a plugin to a running deployment": /plugins becomes ConfigMap
+    // slots (one rollout), then the network plugin (slot 2) and slow-annotator (slot 3) are added
+    // while the Pods run. The network plugin reaches this test's Keystone and Neutron, which listen
+    // on loopback, through relays on the node's bridge address (a Pod reaches only the bridge).
+    let keystone = ops::Relay::start(
+        &info.node_ip,
+        ops::loopback_authority(&os.info().keystone_url)?,
+    )
+    .await?;
+    let neutron = ops::Relay::start(
+        &info.node_ip,
+        ops::loopback_authority(&os.info().neutron_url)?,
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    secrets
+        .patch(
+            "openstack",
+            &PatchParams::apply("on-node-test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "openstack", "namespace": NS},
+                "stringData": {
+                    "id": os.info().application_credential_id,
+                    "secret": os.info().application_credential_secret,
+                },
+            })),
+        )
+        .await?;
+    let network_toml = format!(
+        "isolation = \"worker\"\nnamespaces = [\"default\"]\nallowed_hosts = [\"{k}\", \"{n}\"]\n\n\
+         [config]\nkeystone-url = \"http://{k}/v3\"\nneutron-url = \"http://{n}\"\n\n\
+         [secrets]\napplication-credential-id = \"wcm-system/openstack/id\"\n\
+         application-credential-secret = \"wcm-system/openstack/secret\"\n",
+        k = keystone.addr,
+        n = neutron.addr
+    );
+    let deploy_root = common::temp_dir("my-deploy")?;
+    let docs = ops::documented_deployment(
+        &client,
+        &deploy_root,
+        &network_toml,
+        &[common::plugin("slow_annotator")?],
+        image::IMAGE,
+    )
+    .await?;
+    let (added, once): (Vec<Value>, Vec<Value>) = docs.into_iter().partition(|d| {
+        d["kind"] == "ConfigMap"
+            && matches!(
+                d["metadata"]["name"].as_str(),
+                Some("wcm-plugins-2" | "wcm-plugins-3")
+            )
+    });
+    let before_slots = ready_pods(&pods).await?;
+    let slotted_at = Instant::now();
+    apply_all(&client, once).await?;
+    let slotted = eventually(
+        "the rollout to /plugins from slots done",
+        Duration::from_secs(180),
+        || async {
+            let list = pods
+                .list(
+                    &ListParams::default().labels("app.kubernetes.io/name=wasm-controller-manager"),
+                )
+                .await?;
+            let ready = ready_pods(&pods).await?;
+            let all_slotted = list.items.len() == 2
+                && list.items.iter().all(|p| {
+                    p.spec.as_ref().is_some_and(|s| {
+                        s.volumes
+                            .iter()
+                            .flatten()
+                            .any(|v| v.name == "plugins" && v.projected.is_some())
+                    })
+                });
+            Ok(
+                (all_slotted && ready.len() == 2 && ready.is_disjoint(&before_slots))
+                    .then_some(ready),
+            )
+        },
+    )
+    .await?;
+    eprintln!(
+        "/plugins from ConfigMap slots: both replicas Ready {:.1}s after the apply",
+        slotted_at.elapsed().as_secs_f64()
+    );
+    let mut restarts_before = Vec::new();
+    for pod in &slotted {
+        restarts_before.push(main_process(&node, &pods, pod).await?.1);
+    }
+    let added_at = Instant::now();
+    apply_all(&client, added).await?;
+    for pod in &slotted {
+        eventually(
+            &format!("network and slow-annotator running in {pod}"),
+            Duration::from_secs(120),
+            || async {
+                let text = pod_plugins(&client, pod).await?;
+                let running = |file: &str| {
+                    text.lines()
+                        .any(|l| l.starts_with(&format!("{file}\trunning\t")))
+                };
+                Ok((running("pod_counter.wasm")
+                    && running("network.wasm")
+                    && running("slow_annotator.wasm"))
+                .then_some(()))
+            },
+        )
+        .await?;
+    }
+    eprintln!(
+        "slots 2 and 3 added: both plugins running in both replicas {:.1}s after the apply",
+        added_at.elapsed().as_secs_f64()
+    );
+    let mut restarts_after = Vec::new();
+    for pod in &slotted {
+        restarts_after.push(main_process(&node, &pods, pod).await?.1);
+    }
+    assert_eq!(
+        (ready_pods(&pods).await?, restarts_after),
+        (slotted.clone(), restarts_before),
+        "adding plugins to slots restarts no Pod"
+    );
+
+    // The network plugin, in the leading Pod, makes a Network Ready in the real Neutron.
+    let networks: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &kube::core::ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "samplecrd.k8s.io",
+            "v1",
+            "Network",
+        )),
+    );
+    networks
+        .patch(
+            "on-node",
+            &PatchParams::apply("on-node-test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "samplecrd.k8s.io/v1", "kind": "Network",
+                "metadata": {"name": "on-node", "namespace": "default"},
+                "spec": {"cidr": "10.70.0.0/24", "gateway": "10.70.0.1"},
+            })),
+        )
+        .await?;
+    let network = eventually("the Network Ready", Duration::from_secs(120), || async {
+        let n = networks.get("on-node").await?;
+        let ready = n.data["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        Ok(ready.then_some(n))
+    })
+    .await?;
+    let network_id = network.data["status"]["networkId"]
+        .as_str()
+        .context("status.networkId")?
+        .to_string();
+    let token = os.user_token()?;
+    let in_neutron = os.neutron_get(&token, &format!("networks/{network_id}"))?;
+    assert_eq!(
+        in_neutron["network"]["id"], network_id,
+        "Neutron has the network the plugin reported: {in_neutron}"
+    );
+    let subnets = os.neutron_get(&token, &format!("subnets?network_id={network_id}"))?;
+    assert_eq!(
+        subnets["subnets"][0]["cidr"], "10.70.0.0/24",
+        "Neutron has the Network's subnet: {subnets}"
+    );
+
+    // The leading Pod deleted while a reconcile is in flight: on the kubelet's SIGTERM the host
+    // takes no new key, lets the reconcile finish (its last write lands, made by this replica),
+    // releases the Lease and exits before terminationGracePeriodSeconds; the other replica takes
+    // the Lease at once.
+    common::ensure_namespace(&client, "slow-annotator").await?;
+    let slow: Api<ConfigMap> = Api::namespaced(client.clone(), "slow-annotator");
+    slow.patch(
+        "drain",
+        &PatchParams::apply("on-node-test").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "drain", "namespace": "slow-annotator"},
+            "data": {"sleep_seconds": "8"},
+        })),
+    )
+    .await?;
+    let annotated = |key: &'static str| {
+        let slow = slow.clone();
+        async move {
+            Ok::<_, anyhow::Error>(
+                slow.get("drain")
+                    .await?
+                    .metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key(key)),
+            )
+        }
+    };
+    eventually(
+        "slow-annotator's reconcile started",
+        Duration::from_secs(60),
+        || async { Ok(annotated("wcm.test/started").await?.then_some(())) },
+    )
+    .await?;
+    let ready = ready_pods(&pods).await?;
+    let leader_identity = holder(&leases).await?.context("a Lease holder")?;
+    let leader = pod_of(&leader_identity, &ready)
+        .context("the leader's Pod")?
+        .clone();
+    anyhow::ensure!(
+        !annotated("wcm.test/done").await?,
+        "the reconcile ended before the Pod was deleted: nothing to drain"
+    );
+    let transitions_before = transitions(&leases).await?;
+    let deleted_at = Instant::now();
+    pods.delete(&leader, &DeleteParams::default()).await?;
+    create_workload_pod(&workload, "during-delete").await?;
+    let mut exit_code = None;
+    let gone_after = loop {
+        match pods.get_opt(&leader).await? {
+            None => break deleted_at.elapsed(),
+            Some(p) => {
+                if let Some(t) = p
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .and_then(|cs| cs.into_iter().next())
+                    .and_then(|c| c.state)
+                    .and_then(|s| s.terminated)
+                {
+                    exit_code = Some(t.exit_code);
+                }
+            }
+        }
+        anyhow::ensure!(
+            deleted_at.elapsed() < Duration::from_secs(90),
+            "the deleted leader's Pod is still there after 90s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "the leader's Pod deleted with a reconcile in flight: gone after {:.1}s, exit code {exit_code:?}",
+        gone_after.as_secs_f64()
+    );
+    assert!(
+        gone_after < Duration::from_secs(30),
+        "the host did not exit by itself within terminationGracePeriodSeconds (30 s): {gone_after:?}"
+    );
+    if let Some(code) = exit_code {
+        assert_eq!(code, 0, "the host exits 0 after draining");
+    }
+    assert!(
+        annotated("wcm.test/done").await?,
+        "the in-flight reconcile's last write is there"
+    );
+    let audit = env.audit_events_since(audit_mark)?;
+    let deleted_ts = audit
+        .iter()
+        .filter(|e| e.stage == "ResponseComplete" && e.verb == "delete")
+        .find(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.resource == "pods" && o.name == leader)
+        })
+        .map(|e| e.stage_timestamp.clone())
+        .context("the Pod's delete in the audit log")?;
+    let drain_patches: Vec<_> = ops::plugin_writes(&audit, NS)
+        .into_iter()
+        .filter(|e| {
+            e.object_ref.as_ref().is_some_and(|o| {
+                o.resource == "configmaps" && o.namespace == "slow-annotator" && o.name == "drain"
+            })
+        })
+        .collect();
+    let done = drain_patches.last().context("slow-annotator's patches")?;
+    assert_eq!(
+        drain_patches.len(),
+        2,
+        "one reconcile: started, then done (no second reconcile slept again)"
+    );
+    assert_eq!(
+        ops::replica_of(done),
+        Some(leader_identity.as_str()),
+        "the draining leader made the in-flight reconcile's last write"
+    );
+    assert!(
+        done.stage_timestamp > deleted_ts,
+        "the last write came after the Pod's deletion ({} <= {deleted_ts}): nothing was drained",
+        done.stage_timestamp
+    );
+    let new_leader = eventually("a new Lease holder", Duration::from_secs(60), || async {
+        Ok(holder(&leases)
+            .await?
+            .filter(|h| !h.starts_with(leader.as_str())))
+    })
+    .await?;
+    eprintln!(
+        "{new_leader} holds the Lease {:.2}s after the deletion",
+        deleted_at.elapsed().as_secs_f64()
+    );
+    // One change of holder, one transition, as client-go counts them: the leader released the
+    // Lease on SIGTERM and the standby took it.
+    assert_eq!(
+        transitions(&leases).await?,
+        transitions_before + 1,
+        "leaseTransitions counts the hand-over of a released Lease"
+    );
     // The Deployment replaces the deleted Pod, and it becomes Ready.
     eventually(
         "two Ready replicas again",
@@ -455,6 +822,7 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     let killed_at = Instant::now();
     let killed = node.kill_container(&container_id)?;
     assert!(killed >= 1, "the leader's process was killed");
+    create_workload_pod(&workload, "during-kill").await?;
     let next = eventually(
         "a new holder after SIGKILL",
         Duration::from_secs(60),
@@ -520,6 +888,7 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
             ]}}}})),
         )
         .await?;
+    create_workload_pod(&workload, "during-rollout").await?;
     let new_pods = eventually("the rollout done", Duration::from_secs(180), || async {
         let list = pods
             .list(&ListParams::default().labels("app.kubernetes.io/name=wasm-controller-manager"))
@@ -547,6 +916,29 @@ async fn manifests_run_on_a_real_node_two_ready_replicas_one_leader_and_a_labell
     eprintln!(
         "rolling update: both new Pods Ready and {holder_after} leading {:.1}s after the patch",
         rolled_at.elapsed().as_secs_f64()
+    );
+
+    // No reconcile lost: each Pod created while the leader was deleted, killed or rolled got
+    // pod-counter's event, from whichever replica led by then.
+    for name in ["during-delete", "during-kill", "during-rollout"] {
+        eventually(
+            &format!("pod-counter's event on {name}"),
+            Duration::from_secs(90),
+            || async { Ok(has_count_event(&events, name).await?.then_some(())) },
+        )
+        .await?;
+    }
+    // None doubled: across the whole test every write made as a plugin came from the replica that
+    // held the Lease at that moment (by the audit log's own order).
+    let audit = env.audit_events_since(audit_mark)?;
+    let (writes, writers) = ops::writes_follow_the_lease(&audit, NS, LEASE)?;
+    eprintln!(
+        "audit log: {writes} plugin writes, each by the Lease holder of the moment ({} replicas wrote)",
+        writers.len()
+    );
+    assert!(
+        writers.len() >= 3,
+        "writes from the successive leaders are in the audit log: {writers:?}"
     );
 
     // ip_forward is as it was: nothing the node did routes packets off the machine.

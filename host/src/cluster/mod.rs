@@ -11,6 +11,7 @@ pub mod identity;
 pub mod leader;
 pub mod permissions;
 pub mod rbac;
+pub mod reach;
 pub mod scope;
 pub mod services;
 pub mod tenure;

@@ -12,19 +12,22 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
+use crate::cluster::reach::{ApiReach, Reach};
 use crate::loading::plugins::{FileStatus, PluginManager};
 use crate::metrics::Metrics;
 
+/// What the HTTP routes read.
 #[derive(Clone)]
-struct HttpState {
-    metrics: Arc<Metrics>,
-    plugins: Arc<PluginManager>,
+pub struct HttpState {
+    pub metrics: Arc<Metrics>,
+    pub plugins: Arc<PluginManager>,
+    /// Whether the API server answers this replica (`/readyz`).
+    pub reach: Arc<ApiReach>,
 }
 
 pub async fn serve(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    plugins: Arc<PluginManager>,
+    state: HttpState,
 ) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let app = health_routes()
         .route(
@@ -41,7 +44,7 @@ pub async fn serve(
                 )
             }),
         )
-        .with_state(HttpState { metrics, plugins });
+        .with_state(state);
     listen(
         addr,
         app,
@@ -54,10 +57,9 @@ pub async fn serve(
 /// `--health-addr`: /healthz and /readyz alone, for the kubelet's probes.
 pub async fn serve_health(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    plugins: Arc<PluginManager>,
+    state: HttpState,
 ) -> Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
-    let app = health_routes().with_state(HttpState { metrics, plugins });
+    let app = health_routes().with_state(state);
     listen(addr, app, "--health-addr", "/healthz, /readyz").await
 }
 
@@ -93,8 +95,19 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready once the first scan is done: every plugin that loads has synced its informers.
+/// Ready once the first scan is done (every plugin that loads has synced its informers) and
+/// while the API server answers this replica.
 async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    if let Reach::Silent(silent, error) = s.reach.now() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the API server has not answered for {}s{}\n",
+                silent.as_secs(),
+                error.map(|e| format!(": {e}")).unwrap_or_default()
+            ),
+        );
+    }
     if !s.plugins.scanned() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

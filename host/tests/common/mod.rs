@@ -2,6 +2,8 @@
 //! against the test cluster.
 #![allow(dead_code)]
 
+pub mod deploying;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
