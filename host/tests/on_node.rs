@@ -535,6 +535,8 @@ async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()>
                 Some("wcm-plugins-2" | "wcm-plugins-3")
             )
     });
+    // slow-annotator acts in its own namespace: its Roles go there.
+    common::ensure_namespace(&client, "slow-annotator").await?;
     let before_slots = ready_pods(&pods).await?;
     let slotted_at = Instant::now();
     apply_all(&client, once).await?;
@@ -656,7 +658,6 @@ async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()>
     // takes no new key, lets the reconcile finish (its last write lands, made by this replica),
     // releases the Lease and exits before terminationGracePeriodSeconds; the other replica takes
     // the Lease at once.
-    common::ensure_namespace(&client, "slow-annotator").await?;
     let slow: Api<ConfigMap> = Api::namespaced(client.clone(), "slow-annotator");
     slow.patch(
         "drain",

@@ -200,8 +200,9 @@ fn accepted(e: &AuditEvent) -> bool {
     e.stage == "ResponseComplete" && e.response_status.as_ref().is_some_and(|s| s.code < 300)
 }
 
-/// Every write the API server accepted as a plugin (any `wcm-plugin-*` identity of `namespace`),
-/// with the replica that made it.
+/// Every write the API server accepted as a plugin (any `wcm-plugin-*` identity of `namespace`)
+/// that changes a stored object. Access reviews (each replica checks every plugin's grant, leading
+/// or not) are `create`s that store nothing, and are left out.
 pub fn plugin_writes<'a>(events: &'a [AuditEvent], namespace: &str) -> Vec<&'a AuditEvent> {
     let prefix = format!("system:serviceaccount:{namespace}:wcm-plugin-");
     events
@@ -209,6 +210,14 @@ pub fn plugin_writes<'a>(events: &'a [AuditEvent], namespace: &str) -> Vec<&'a A
         .filter(|e| accepted(e))
         .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch" | "delete"))
         .filter(|e| e.effective_user().starts_with(&prefix))
+        .filter(|e| {
+            !e.object_ref.as_ref().is_some_and(|o| {
+                matches!(
+                    o.api_group.as_str(),
+                    "authorization.k8s.io" | "authentication.k8s.io"
+                )
+            })
+        })
         .collect()
 }
 
