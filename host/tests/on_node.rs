@@ -524,7 +524,12 @@ async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()>
         &client,
         &deploy_root,
         &network_toml,
-        &[common::plugin("slow_annotator")?],
+        &[
+            (3, common::plugin("slow_annotator")?),
+            // A plugin that parses every Pod into its typed struct: the largest compile measured
+            // (docs/benchmarks.md), within the Deployment's documented memory limit.
+            (4, common::plugin("typed_pod_noop")?),
+        ],
         image::IMAGE,
     )
     .await?;
@@ -532,7 +537,7 @@ async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()>
         d["kind"] == "ConfigMap"
             && matches!(
                 d["metadata"]["name"].as_str(),
-                Some("wcm-plugins-2" | "wcm-plugins-3")
+                Some("wcm-plugins-2" | "wcm-plugins-3" | "wcm-plugins-4")
             )
     });
     // slow-annotator acts in its own namespace: its Roles go there.
@@ -588,14 +593,15 @@ async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()>
                 };
                 Ok((running("pod_counter.wasm")
                     && running("network.wasm")
-                    && running("slow_annotator.wasm"))
+                    && running("slow_annotator.wasm")
+                    && running("typed_pod_noop.wasm"))
                 .then_some(()))
             },
         )
         .await?;
     }
     eprintln!(
-        "slots 2 and 3 added: both plugins running in both replicas {:.1}s after the apply",
+        "slots 2, 3 and 4 added: their plugins running in both replicas {:.1}s after the apply",
         added_at.elapsed().as_secs_f64()
     );
     let mut restarts_after = Vec::new();
@@ -605,8 +611,22 @@ async fn manifests_run_on_a_real_node_and_survive_its_operations() -> Result<()>
     assert_eq!(
         (ready_pods(&pods).await?, restarts_after),
         (slotted.clone(), restarts_before),
-        "adding plugins to slots restarts no Pod"
+        "adding plugins to slots restarts no Pod (none was OOM-killed compiling them)"
     );
+    for pod in &slotted {
+        let id = pods
+            .get(pod)
+            .await?
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|cs| cs.into_iter().next())
+            .and_then(|c| c.container_id)
+            .context("container id")?;
+        eprintln!(
+            "{pod}: memory peak {:.0} MiB (limit 1Gi) after compiling the four plugins",
+            node.container_memory_peak(&id)? as f64 / 1048576.0
+        );
+    }
 
     // The network plugin, in the leading Pod, makes a Network Ready in the real Neutron.
     let networks: Api<DynamicObject> = Api::namespaced_with(

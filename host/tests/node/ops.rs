@@ -100,14 +100,14 @@ pub fn loopback_authority(url: &str) -> Result<SocketAddr> {
 
 /// docs/deploying.md's `my-deploy/`, written from the page into `root`: the shipped manifests, the
 /// plugins volume of four ConfigMap slots, pod-counter in slot 1 and network (with `network_toml`)
-/// in slot 2, as the page says; `extra` plugin files go into slot 3, as an operator adds a slot's
-/// files. The RBAC is what `rbac` prints for all of them (as the page runs it); the image is set to
+/// in slot 2, as the page says; each of `extra` goes into the slot it names (3 or 4), as an
+/// operator adds a slot's files. The RBAC is what `rbac` prints for all of them (as the page runs it); the image is set to
 /// `image`. Returns the rendered objects.
 pub async fn documented_deployment(
     client: &kube::Client,
     root: &Path,
     network_toml: &str,
-    extra: &[PathBuf],
+    extra: &[(u8, PathBuf)],
     image: &str,
 ) -> Result<Vec<Value>> {
     let deploy = root.join("my-deploy");
@@ -126,23 +126,35 @@ pub async fn documented_deployment(
     write_doc_example(&page, root)?;
     // The operator's own settings: this test's Keystone and Neutron, through the relays.
     std::fs::write(deploy.join("plugins/network.toml"), network_toml)?;
-    let mut slot3 =
-        String::from("  - name: wcm-plugins-3\n    namespace: wcm-system\n    files:\n");
-    for file in extra {
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("plugin file name")?;
-        let to = deploy.join("plugins").join(name);
-        std::fs::copy(file, &to)?;
-        slot3.push_str(&format!("      - plugins/{name}\n"));
-        if name.ends_with(".wasm") {
-            plugins.push(to);
+    let mut slots = String::new();
+    for slot in [3, 4] {
+        let files: Vec<&PathBuf> = extra
+            .iter()
+            .filter(|(s, _)| *s == slot)
+            .map(|(_, f)| f)
+            .collect();
+        if files.is_empty() {
+            continue;
+        }
+        slots.push_str(&format!(
+            "  - name: wcm-plugins-{slot}\n    namespace: wcm-system\n    files:\n"
+        ));
+        for file in files {
+            let name = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("plugin file name")?;
+            let to = deploy.join("plugins").join(name);
+            std::fs::copy(file, &to)?;
+            slots.push_str(&format!("      - plugins/{name}\n"));
+            if name.ends_with(".wasm") {
+                plugins.push(to);
+            }
         }
     }
     let kustomization = deploy.join("kustomization.yaml");
     let mut text = std::fs::read_to_string(&kustomization)?;
-    text.push_str(&slot3);
+    text.push_str(&slots);
     // The test overlay: the image name (the pull policy is set on the rendered Deployment).
     let (name, tag) = image.split_once(':').unwrap_or((image, "latest"));
     let documented =

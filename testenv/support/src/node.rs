@@ -246,6 +246,24 @@ impl Node {
             .filter_map(|p| p.parse().ok())
             .collect())
     }
+    /// The highest memory use of a container so far, in bytes, as its memory cgroup counts it
+    /// (cgroup v1 `memory.max_usage_in_bytes`: what the limit is enforced on).
+    pub fn container_memory_peak(&self, container_id: &str) -> Result<u64> {
+        let id = container_id
+            .rsplit_once("://")
+            .map_or(container_id, |(_, id)| id);
+        anyhow::ensure!(
+            !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()),
+            "not a container id: {container_id:?}"
+        );
+        let root = Path::new("/sys/fs/cgroup/memory/wcm-node");
+        let dir =
+            find_dir(root, id)?.with_context(|| format!("no memory cgroup for container {id}"))?;
+        let text = std::fs::read_to_string(dir.join("memory.max_usage_in_bytes"))?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("memory.max_usage_in_bytes: {text:?}"))
+    }
 
     /// Stops the node and waits until it has removed everything it made.
     pub fn stop(&self) -> Result<()> {
