@@ -51,10 +51,6 @@ const UNGRANTED: &str = "no-patch";
 /// Two plugins that parse every Pod into the k8s-openapi `Pod` (`typed-pod-noop`).
 const TYPED: [&str; 2] = ["typed-a", "typed-b"];
 
-fn plugin_user(plugin: &str) -> String {
-    format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
-}
-
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

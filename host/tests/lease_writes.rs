@@ -31,8 +31,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio_rustls::rustls;
 
 /// How long the webhook holds each write about a `slow-*` object: longer than the lease duration.
 const HOLD: Duration = Duration::from_secs(10);
@@ -217,7 +215,14 @@ async fn no_write_as_a_plugin_leaves_the_old_holder_after_its_lease_moves() -> R
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let hook = Arc::new(Mutex::new(Webhook::default()));
     let pki = Path::new(&local.dir).join("pki");
-    let port = serve_webhook(&pki, hook.clone()).await?;
+    let port = {
+        let hook = hook.clone();
+        common::webhook::serve(&pki, move |review| {
+            let hook = hook.clone();
+            async move { decide(&review, &hook).await }
+        })
+        .await?
+    };
     let webhook_name = format!("lease-writes-{}", ns.name);
     let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let ca = std::fs::read(pki.join("ca.crt"))?;
@@ -370,76 +375,6 @@ fn webhook_config(
                 &["leases"],
             ),
         ]),
-    }
-}
-
-/// Serves the webhook over TLS with the apiserver's own serving certificate (valid for
-/// 127.0.0.1, signed by the cluster CA) on a free port.
-async fn serve_webhook(pki: &Path, hook: Arc<Mutex<Webhook>>) -> Result<u16> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(pki.join("apiserver.crt"))?.collect::<Result<_, _>>()?;
-    let key = PrivateKeyDer::from_pem_file(pki.join("apiserver.key"))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, hook) = (acceptor.clone(), hook.clone());
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(tcp).await {
-                    let _ = serve_connection(tls, hook).await;
-                }
-            });
-        }
-    });
-    Ok(port)
-}
-
-/// HTTP/1.1 with keep-alive: one AdmissionReview per request.
-async fn serve_connection(
-    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    hook: Arc<Mutex<Webhook>>,
-) -> Result<()> {
-    let mut stream = BufReader::new(tls);
-    loop {
-        let mut content_length = 0usize;
-        let mut line = String::new();
-        if stream.read_line(&mut line).await? == 0 {
-            return Ok(());
-        }
-        loop {
-            line.clear();
-            stream.read_line(&mut line).await?;
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = header.split_once(':')
-                && k.eq_ignore_ascii_case("content-length")
-            {
-                content_length = v.trim().parse().context("Content-Length")?;
-            }
-        }
-        let mut body = vec![0; content_length];
-        stream.read_exact(&mut body).await?;
-        let review: Value = serde_json::from_slice(&body)?;
-        let answer = decide(&review, &hook).await;
-        let out = serde_json::to_vec(&answer)?;
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            out.len()
-        );
-        stream.get_mut().write_all(head.as_bytes()).await?;
-        stream.get_mut().write_all(&out).await?;
-        stream.get_mut().flush().await?;
     }
 }
 

@@ -16,10 +16,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use wasm_controller_manager::loading::plugins::{FileStatus, WaitReason};
 
-fn plugin_user(plugin: &str) -> String {
-    format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
-}
-
 async fn still_loading(manager: &wasm_controller_manager::app::Manager, what: &str) -> Result<()> {
     let st = status_of(manager, "slow-describe").await;
     anyhow::ensure!(

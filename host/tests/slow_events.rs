@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use common::*;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -21,8 +21,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio_rustls::rustls;
 
 const HOLD: Duration = Duration::from_secs(8);
 
@@ -44,7 +42,14 @@ async fn slow_and_failing_event_writes_hold_up_no_reconcile_and_no_other_event()
     let ns = env.namespace("slowevents").await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let pki = std::path::Path::new(&local.dir).join("pki");
-    let port = serve_webhook(&pki, seen.clone()).await?;
+    let port = {
+        let seen = seen.clone();
+        common::webhook::serve(&pki, move |review| {
+            let seen = seen.clone();
+            async move { decide(&review, &seen).await }
+        })
+        .await?
+    };
     let webhook_name = format!("events-{}", ns.name);
     let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     webhooks
@@ -216,76 +221,6 @@ fn webhook_config(
             }]),
             ..Default::default()
         }]),
-    }
-}
-
-/// Serves the webhook over TLS with the apiserver's own serving certificate (valid for
-/// 127.0.0.1, signed by the cluster CA) on a free port.
-async fn serve_webhook(pki: &std::path::Path, seen: Arc<Mutex<Seen>>) -> Result<u16> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(pki.join("apiserver.crt"))?.collect::<Result<_, _>>()?;
-    let key = PrivateKeyDer::from_pem_file(pki.join("apiserver.key"))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, seen) = (acceptor.clone(), seen.clone());
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(tcp).await {
-                    let _ = serve_connection(tls, seen).await;
-                }
-            });
-        }
-    });
-    Ok(port)
-}
-
-/// HTTP/1.1 with keep-alive: one AdmissionReview per request.
-async fn serve_connection(
-    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    seen: Arc<Mutex<Seen>>,
-) -> Result<()> {
-    let mut stream = BufReader::new(tls);
-    loop {
-        let mut content_length = 0usize;
-        let mut line = String::new();
-        if stream.read_line(&mut line).await? == 0 {
-            return Ok(());
-        }
-        loop {
-            line.clear();
-            stream.read_line(&mut line).await?;
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = header.split_once(':')
-                && k.eq_ignore_ascii_case("content-length")
-            {
-                content_length = v.trim().parse().context("Content-Length")?;
-            }
-        }
-        let mut body = vec![0; content_length];
-        stream.read_exact(&mut body).await?;
-        let review: Value = serde_json::from_slice(&body)?;
-        let answer = decide(&review, &seen).await;
-        let out = serde_json::to_vec(&answer)?;
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            out.len()
-        );
-        stream.get_mut().write_all(head.as_bytes()).await?;
-        stream.get_mut().write_all(&out).await?;
-        stream.get_mut().flush().await?;
     }
 }
 

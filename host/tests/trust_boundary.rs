@@ -35,10 +35,6 @@ fn waits_for_a_grant(s: &FileStatus) -> bool {
     )
 }
 
-fn plugin_user(plugin: &str) -> String {
-    format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
-}
-
 fn resource(e: &AuditEvent) -> &str {
     e.object_ref.as_ref().map_or("", |o| o.resource.as_str())
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod deploying;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -455,4 +456,10 @@ pub fn recording_creating_network(
         }
     }
     Ok(None)
+}
+
+/// The user a plugin acts as (its ServiceAccount in the default identity namespace), as the audit
+/// log names it.
+pub fn plugin_user(plugin: &str) -> String {
+    format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
 }

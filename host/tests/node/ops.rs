@@ -265,8 +265,7 @@ pub fn writes_follow_the_lease(
         };
         let holder = lease_writes
             .iter()
-            .filter(|(at, _)| *at < w.stage_timestamp.as_str())
-            .next_back()
+            .rfind(|(at, _)| *at < w.stage_timestamp.as_str())
             .map(|(_, who)| *who);
         if holder != Some(by) {
             wrong.push(format!(
