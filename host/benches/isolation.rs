@@ -144,6 +144,7 @@ fn trim_heap() {
 /// /healthz on a free port and a quick rescan of the directory.
 fn config(dir: &Path) -> RunConfig {
     RunConfig {
+        plugin_objects: None,
         kubeconfig: None,
         plugins_dir: dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),

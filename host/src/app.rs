@@ -18,6 +18,7 @@ use crate::cluster::tenure::Tenure;
 use crate::engine::controller::ControllerParts;
 use crate::engine::informer::Informers;
 use crate::engine::rate_limit::{RateLimits, TokenBucket};
+use crate::loading::objects::ObjectSource;
 use crate::loading::plugins::{DirSettings, PluginManager};
 use crate::loading::settings::ControllerSelection;
 use crate::metrics::Metrics;
@@ -28,6 +29,8 @@ use crate::serving::HttpState;
 /// Everything `run` needs, as parsed from the command line.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    /// Plugin objects (`--plugin-objects`) and where their components may come from.
+    pub plugin_objects: Option<crate::loading::objects::ObjectSettings>,
     pub kubeconfig: Option<PathBuf>,
     pub plugins_dir: PathBuf,
     pub compile_cache: Option<PathBuf>,
@@ -85,6 +88,7 @@ pub struct Manager {
     http_task: Option<tokio::task::JoinHandle<()>>,
     health_task: Option<tokio::task::JoinHandle<()>>,
     reach_task: tokio::task::JoinHandle<()>,
+    object_tasks: Vec<tokio::task::JoinHandle<()>>,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
     /// What the workers see: true while this replica may reconcile.
@@ -222,6 +226,10 @@ impl Manager {
             rate_limits: cfg.rate_limits,
             sync_timeout: cfg.sync_timeout,
         });
+        let objects = match &cfg.plugin_objects {
+            Some(settings) => Some(ObjectSource::new(settings.clone(), client.clone())?),
+            None => None,
+        };
         let plugins = PluginManager::new(
             parts,
             events,
@@ -241,6 +249,7 @@ impl Manager {
                 recorder: cfg.record.as_ref().map(|(dir, what)| {
                     Arc::new(Recorder::new(dir.clone(), *what, RECORDINGS_KEPT))
                 }),
+                objects: objects.clone(),
             },
             config,
         );
@@ -265,6 +274,22 @@ impl Manager {
             }
             None => (None, None),
         };
+        // Plugin objects are watched, fetched and reported from the start; the loader takes each
+        // once fetched.
+        let object_tasks = match &objects {
+            Some(o) => {
+                let status_replica = replica.clone().unwrap_or_else(|| "replica".to_string());
+                vec![
+                    tokio::spawn(o.clone().run()),
+                    tokio::spawn(crate::loading::objects::status::run(
+                        o.clone(),
+                        plugins.clone(),
+                        status_replica,
+                    )),
+                ]
+            }
+            None => Vec::new(),
+        };
         // The first scan happens before start returns, so a caller sees the plugins that were there.
         plugins.first_scan().await;
         let p = plugins.clone();
@@ -282,6 +307,7 @@ impl Manager {
             http_task,
             health_task,
             reach_task,
+            object_tasks,
             metrics_addr,
             health_addr,
             gate,
@@ -308,6 +334,9 @@ impl Manager {
         self.gate.send_replace(false);
         self.plugin_task.abort();
         self.crd_task.abort();
+        for t in &self.object_tasks {
+            t.abort();
+        }
         self.plugins.stop_all().await;
         self.reach_task.abort();
         for t in [self.http_task, self.health_task].into_iter().flatten() {

@@ -319,6 +319,33 @@ struct RunArgs {
     /// Hosts (host or host:port) any plugin may reach over HTTP, if it declares them; repeatable.
     #[arg(long = "allow-host", env = "WCM_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
+    /// Also load the cluster's Plugin objects (plugins.wcm.dev, manifests/crds/), each pulled from
+    /// a registry by digest and loaded like a file of --plugins-dir.
+    #[arg(long, env = "WCM_PLUGIN_OBJECTS")]
+    plugin_objects: bool,
+    /// Registries (host or host:port) a Plugin object's component may come from, and https hosts
+    /// for an `https` source; repeatable. A source elsewhere is refused on the object's status.
+    #[arg(
+        long = "plugin-registry",
+        env = "WCM_PLUGIN_REGISTRIES",
+        value_delimiter = ','
+    )]
+    plugin_registries: Vec<String>,
+    /// PEM file of CA certificates trusted for the registries besides the system's.
+    #[arg(long, env = "WCM_PLUGIN_REGISTRY_CA")]
+    plugin_registry_ca: Option<PathBuf>,
+    /// Registries of --plugin-registry reached over plain HTTP (a local mirror; never across a
+    /// network you do not control); repeatable.
+    #[arg(
+        long = "plugin-registry-plain-http",
+        env = "WCM_PLUGIN_REGISTRY_PLAIN_HTTP",
+        value_delimiter = ','
+    )]
+    plugin_registry_plain_http: Vec<String>,
+    /// Directory that keeps fetched components by digest, so a restart while a registry is down
+    /// runs what it holds (each file is checked against its digest when read); none: memory only.
+    #[arg(long, env = "WCM_PLUGIN_CACHE")]
+    plugin_cache: Option<PathBuf>,
     /// First retry delay of a failing key, milliseconds (doubles per failure).
     #[arg(long, env = "WCM_RETRY_BASE_MS", default_value_t = 5)]
     retry_base_ms: u64,
@@ -570,7 +597,37 @@ impl RunArgs {
         }
         let controllers = ControllerSelection::parse(&self.controllers)
             .map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
+        let plugin_objects = if self.plugin_objects {
+            let ca_pem =
+                match &self.plugin_registry_ca {
+                    Some(p) => Some(std::fs::read(p).map_err(|e| {
+                        anyhow::anyhow!("--plugin-registry-ca {}: {e}", p.display())
+                    })?),
+                    None => None,
+                };
+            for r in self.plugin_registry_plain_http.iter() {
+                anyhow::ensure!(
+                    self.plugin_registries.contains(r),
+                    "--plugin-registry-plain-http {r} is not one of --plugin-registry"
+                );
+            }
+            Some(wasm_controller_manager::loading::objects::ObjectSettings {
+                registries: self.plugin_registries.iter().cloned().collect(),
+                plain_http: self.plugin_registry_plain_http.clone(),
+                ca_pem,
+                cache: self.plugin_cache.clone(),
+                max_bytes: usize::try_from(self.max_plugin_bytes).unwrap_or(usize::MAX),
+                secrets_namespace: identity.namespace.clone(),
+            })
+        } else {
+            anyhow::ensure!(
+                self.plugin_registries.is_empty(),
+                "--plugin-registry is given but --plugin-objects is not"
+            );
+            None
+        };
         Ok(RunConfig {
+            plugin_objects,
             record: self.record_dir.map(|d| (d, self.record)),
             memory_reset: self.memory_reset,
             controllers,

@@ -263,6 +263,7 @@ pub fn diff_histogram(before: &str, after: &str, name: &str) -> String {
 /// API budget (the benchmarks measure the engine, not that budget).
 pub fn bench_config(dir: &Path) -> RunConfig {
     RunConfig {
+        plugin_objects: None,
         kubeconfig: None,
         plugins_dir: dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),

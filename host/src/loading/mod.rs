@@ -4,6 +4,7 @@
 
 pub mod files;
 pub mod inspect;
+pub mod objects;
 pub mod plugins;
 pub mod rbac;
 pub mod replay;

@@ -72,6 +72,9 @@ pub struct DirSettings {
     pub recorder: Option<Arc<Recorder>>,
     /// Wall time a plugin's `describe` may take (`--describe-timeout-seconds`), sleeping included.
     pub describe_timeout: Duration,
+    /// Plugin objects (`plugins.wcm.dev`), loaded beside the directory's files under the keys
+    /// `Plugin/NAME` (`--plugin-objects`).
+    pub objects: Option<Arc<crate::loading::objects::ObjectSource>>,
 }
 
 /// Largest NAME.toml accepted.
@@ -392,6 +395,12 @@ impl PluginManager {
                     if self.waiting.lock().await.is_empty() { continue; }
                 }
                 _ = self.load_ended.notified() => {}
+                _ = async {
+                    match &self.settings.objects {
+                        Some(o) => o.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
             self.rescan().await;
         }
@@ -477,7 +486,7 @@ impl PluginManager {
                     }
                     FileStatus::Loading => serde_json::json!({"state": "loading"}),
                 };
-                v["file"] = format!("{stem}.wasm").into();
+                v["file"] = shown(stem).into();
                 if let Some(d) = running.get(stem) {
                     v["version"] = d.version.clone().into();
                     v["isolation"] = d.isolation.into();
@@ -974,6 +983,27 @@ impl PluginManager {
             };
             out.insert(stem, disk);
         }
+        // Plugin objects, as files would be (their keys hold a `/`, which no file stem can).
+        if let Some(objects) = &self.settings.objects {
+            for (key, l) in objects.snapshot() {
+                let refusal = (l.bytes.len() as u64 > self.settings.max_wasm_bytes).then(|| {
+                    format!(
+                        "larger than --max-plugin-bytes ({})",
+                        self.settings.max_wasm_bytes
+                    )
+                });
+                out.insert(
+                    key.clone(),
+                    OnDisk {
+                        wasm: PathBuf::from(&key),
+                        wasm_sha: l.sha256,
+                        bytes: l.bytes,
+                        settings_text: l.settings_text,
+                        refusal,
+                    },
+                );
+            }
+        }
         Ok(out)
     }
 
@@ -1022,6 +1052,16 @@ pub fn distinct_streams<'a>(keys: impl IntoIterator<Item = &'a InformerKey>) -> 
     keys.into_iter()
         .collect::<std::collections::HashSet<_>>()
         .len()
+}
+
+/// How a loader key is shown: `NAME.wasm` for a file of the directory, `Plugin/NAME` for a
+/// Plugin object.
+pub fn shown(key: &str) -> String {
+    if key.contains('/') {
+        key.to_string()
+    } else {
+        format!("{key}.wasm")
+    }
 }
 
 fn wasm_stem(path: &Path) -> Option<String> {

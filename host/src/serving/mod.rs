@@ -131,7 +131,10 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
             FileStatus::Refused { .. } => "refused (until the file changes)".to_string(),
             FileStatus::Loading => "loading".to_string(),
         };
-        body.push_str(&format!("{file}.wasm: {state}\n"));
+        body.push_str(&format!(
+            "{}: {state}\n",
+            crate::loading::plugins::shown(file)
+        ));
     }
     (StatusCode::OK, body)
 }
@@ -141,8 +144,9 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
 async fn plugins_status(State(s): State<HttpState>) -> String {
     let mut out = String::new();
     let leaders = s.plugins.leaders().await;
-    for (file, st) in s.plugins.status().await {
-        let lead = match leaders.get(&file) {
+    for (key, st) in s.plugins.status().await {
+        let file = crate::loading::plugins::shown(&key);
+        let lead = match leaders.get(&key) {
             Some((leading, Some(leader))) => {
                 let here = if *leading { "\tleading" } else { "" };
                 // The identity comes from a Lease any peer may write: escaped like guest text.
@@ -160,28 +164,28 @@ async fn plugins_status(State(s): State<HttpState>) -> String {
                 sha256,
                 update_refused: None,
             } => {
-                format!("{file}.wasm\trunning\t{plugin}\t{sha256}{lead}\n")
+                format!("{file}\trunning\t{plugin}\t{sha256}{lead}\n")
             }
             FileStatus::Running {
                 plugin,
                 sha256,
                 update_refused: Some(e),
             } => {
-                format!("{file}.wasm\trunning\t{plugin}\t{sha256}{lead}\tupdate refused: {e}\n")
+                format!("{file}\trunning\t{plugin}\t{sha256}{lead}\tupdate refused: {e}\n")
             }
-            FileStatus::Disabled { plugin } => format!("{file}.wasm\tdisabled\t{plugin}\n"),
+            FileStatus::Disabled { plugin } => format!("{file}\tdisabled\t{plugin}\n"),
             FileStatus::Waiting {
                 plugin,
                 reason,
                 message,
             } => format!(
-                "{file}.wasm\twaiting\t{plugin}\t{}: {}\n",
+                "{file}\twaiting\t{plugin}\t{}: {}\n",
                 reason.as_str(),
                 // API-server and client texts: one line, whatever they hold.
                 crate::contract::validate::log_text(&message, 4096)
             ),
-            FileStatus::Refused { error } => format!("{file}.wasm\trefused\t{error}\n"),
-            FileStatus::Loading => format!("{file}.wasm\tloading\n"),
+            FileStatus::Refused { error } => format!("{file}\trefused\t{error}\n"),
+            FileStatus::Loading => format!("{file}\tloading\n"),
         };
         out.push_str(&line);
     }

@@ -100,6 +100,7 @@ pub fn temp_dir(tag: &str) -> Result<PathBuf> {
 /// Settings that make failures show quickly in tests.
 pub fn test_config(plugins_dir: &Path) -> RunConfig {
     RunConfig {
+        plugin_objects: None,
         kubeconfig: None,
         plugins_dir: plugins_dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),

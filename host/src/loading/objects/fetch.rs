@@ -1,0 +1,540 @@
+//! Fetching a Plugin's component: from an OCI registry by manifest digest (the CNCF wasm artifact
+//! layout, `application/wasm`, and the older wasm-to-oci media types), or from an https URL with
+//! its SHA-256. The registry is hostile until proven otherwise: the manifest must hash to the pinned
+//! digest, hold exactly one wasm layer of an accepted media type whose declared size is within
+//! `--max-plugin-bytes` before anything is downloaded, and the layer's bytes must hash to its
+//! digest while they are read, counted against the same cap.
+//!
+//! Fetched components are kept on disk by digest (`DIR/oci/MANIFEST.json` + `DIR/blobs/LAYER.wasm`,
+//! `DIR/https/SHA.wasm`), each checked again against its digest when read back, so a restart while
+//! the registry is down runs what the cache holds and a tampered cache file is never loaded.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use oci_client::Reference;
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::manifest::OciManifest;
+use oci_client::secrets::RegistryAuth;
+use sha2::{Digest, Sha256};
+
+use super::spec::{OciRef, Origin};
+
+/// Config media types of a wasm artifact: the CNCF layout, then wasm-to-oci's.
+pub const CONFIG_TYPES: [&str; 2] = [
+    "application/vnd.wasm.config.v0+json",
+    "application/vnd.wasm.config.v1+json",
+];
+/// Layer media types of the component.
+pub const LAYER_TYPES: [&str; 2] = [
+    "application/wasm",
+    "application/vnd.wasm.content.layer.v1+wasm",
+];
+/// Manifest media types accepted (an image index is refused: a plugin has one platform).
+const MANIFEST_TYPES: [&str; 2] = [
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+];
+
+/// Why a fetch failed, as a condition reason and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchError {
+    /// `Unreachable`, `Unauthorized`, `NotFound`, `DigestMismatch`, `TooLarge`, `NotAWasmArtifact`,
+    /// `CacheUnusable`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl FetchError {
+    fn new(reason: &'static str, message: impl Into<String>) -> FetchError {
+        let message: String = message.into();
+        FetchError {
+            reason,
+            // Registry texts: one line, bounded.
+            message: crate::contract::validate::log_text(&message, 512),
+        }
+    }
+
+    /// Whether trying again later may succeed (a registry down, credentials not there yet); the
+    /// others are facts of the artifact that a retry does not change.
+    pub fn retryable(&self) -> bool {
+        matches!(self.reason, "Unreachable" | "Unauthorized" | "NotFound")
+    }
+}
+
+/// A fetched component.
+#[derive(Clone)]
+pub struct Fetched {
+    pub bytes: Arc<[u8]>,
+    /// SHA-256 of the component's bytes, hex.
+    pub sha256: String,
+    /// Served from the disk cache, without the network.
+    pub cached: bool,
+}
+
+/// Registry credentials for one registry.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}, <redacted>)", self.username)
+    }
+}
+
+/// The credentials a `kubernetes.io/dockerconfigjson` Secret's `.dockerconfigjson` holds for
+/// `registry` (keys `registry`, `https://registry`, `https://registry/v2/`...).
+pub fn credentials_for(dockerconfig: &[u8], registry: &str) -> Result<Option<Credentials>, String> {
+    use base64::Engine as _;
+    let v: serde_json::Value = serde_json::from_slice(dockerconfig)
+        .map_err(|_| "the pull Secret's .dockerconfigjson is not JSON".to_string())?;
+    let auths = v["auths"]
+        .as_object()
+        .ok_or("the pull Secret's .dockerconfigjson has no auths")?;
+    for (key, entry) in auths {
+        let host = key
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        if host != registry {
+            continue;
+        }
+        if let (Some(u), Some(p)) = (entry["username"].as_str(), entry["password"].as_str()) {
+            return Ok(Some(Credentials {
+                username: u.to_string(),
+                password: p.to_string(),
+            }));
+        }
+        if let Some(auth) = entry["auth"].as_str() {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(auth)
+                .map_err(|_| "the pull Secret's auth is not base64".to_string())?;
+            let text = String::from_utf8(decoded)
+                .map_err(|_| "the pull Secret's auth is not text".to_string())?;
+            let (u, p) = text
+                .split_once(':')
+                .ok_or("the pull Secret's auth is not user:password")?;
+            return Ok(Some(Credentials {
+                username: u.to_string(),
+                password: p.to_string(),
+            }));
+        }
+        return Err(format!(
+            "the pull Secret's entry for {registry} has neither username/password nor auth"
+        ));
+    }
+    Ok(None)
+}
+
+/// How components are fetched.
+pub struct Fetcher {
+    oci: oci_client::Client,
+    https: reqwest::Client,
+    cache: Option<PathBuf>,
+    max_bytes: usize,
+}
+
+impl Fetcher {
+    /// `extra_ca_pem`: CA certificates (PEM) trusted besides the system's, for registries with a
+    /// private CA. `plain_http`: registries reached over plain HTTP (tests and local mirrors only).
+    pub fn new(
+        cache: Option<PathBuf>,
+        max_bytes: usize,
+        extra_ca_pem: Option<&[u8]>,
+        plain_http: &[String],
+    ) -> anyhow::Result<Fetcher> {
+        // reqwest is built without a crypto provider of its own: the process's is ring, as for
+        // every other TLS client of the host (a second install is refused, harmlessly).
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        let mut config = ClientConfig {
+            protocol: if plain_http.is_empty() {
+                ClientProtocol::Https
+            } else {
+                ClientProtocol::HttpsExcept(plain_http.to_vec())
+            },
+            read_timeout: Some(std::time::Duration::from_secs(30)),
+            connect_timeout: Some(std::time::Duration::from_secs(10)),
+            user_agent: concat!("wasm-controller-manager/", env!("CARGO_PKG_VERSION")),
+            max_concurrent_download: 1,
+            ..Default::default()
+        };
+        let mut https = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .read_timeout(std::time::Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .https_only(true);
+        if let Some(pem) = extra_ca_pem {
+            config.extra_root_certificates.push(Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: pem.to_vec(),
+            });
+            for cert in reqwest::Certificate::from_pem_bundle(pem)? {
+                https = https.add_root_certificate(cert);
+            }
+        }
+        if let Some(dir) = &cache {
+            for sub in ["oci", "blobs", "https"] {
+                super::store::private_dir(&dir.join(sub))?;
+            }
+        }
+        Ok(Fetcher {
+            oci: oci_client::Client::new(config),
+            https: https.build()?,
+            cache,
+            max_bytes,
+        })
+    }
+
+    /// The component `origin` names, from the disk cache when it holds it, else fetched (and
+    /// then cached).
+    pub async fn fetch(
+        &self,
+        origin: &Origin,
+        credentials: Option<&Credentials>,
+    ) -> Result<Fetched, FetchError> {
+        if let Some(hit) = self.cached(origin) {
+            return Ok(hit);
+        }
+        let fetched = match origin {
+            Origin::Oci(r) => self.fetch_oci(r, credentials).await?,
+            Origin::Https { url, sha256, .. } => self.fetch_https(url, sha256).await?,
+        };
+        Ok(fetched)
+    }
+
+    fn cached(&self, origin: &Origin) -> Option<Fetched> {
+        let dir = self.cache.as_ref()?;
+        let read = |p: &Path| super::store::read_private(p, self.max_bytes + 65536).ok();
+        let (bytes, sha) = match origin {
+            Origin::Oci(r) => {
+                let manifest = read(&dir.join("oci").join(format!("{}.json", r.digest)))?;
+                if hex_sha(&manifest) != r.digest {
+                    return None;
+                }
+                let layer = wasm_layer(&manifest, self.max_bytes).ok()?;
+                let bytes = read(&dir.join("blobs").join(format!("{layer}.wasm")))?;
+                (bytes, layer)
+            }
+            Origin::Https { sha256, .. } => {
+                let bytes = read(&dir.join("https").join(format!("{sha256}.wasm")))?;
+                (bytes, sha256.clone())
+            }
+        };
+        (hex_sha(&bytes) == sha).then(|| Fetched {
+            bytes: bytes.into(),
+            sha256: sha,
+            cached: true,
+        })
+    }
+
+    async fn fetch_oci(
+        &self,
+        r: &OciRef,
+        credentials: Option<&Credentials>,
+    ) -> Result<Fetched, FetchError> {
+        let reference = Reference::with_digest(
+            r.registry.clone(),
+            r.repository.clone(),
+            format!("sha256:{}", r.digest),
+        );
+        let auth = match credentials {
+            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            None => RegistryAuth::Anonymous,
+        };
+        // oci-client checks the manifest against the pinned digest.
+        let (raw, _digest) = self
+            .oci
+            .pull_manifest_raw(&reference, &auth, &MANIFEST_TYPES)
+            .await
+            .map_err(oci_error)?;
+        if hex_sha(&raw) != r.digest {
+            return Err(FetchError::new(
+                "DigestMismatch",
+                format!("the manifest served for {r} does not hash to its digest"),
+            ));
+        }
+        let layer_digest = wasm_layer(&raw, self.max_bytes)?;
+        let manifest: OciManifest = serde_json::from_slice(&raw)
+            .map_err(|e| FetchError::new("NotAWasmArtifact", format!("manifest: {e}")))?;
+        let OciManifest::Image(image) = manifest else {
+            return Err(FetchError::new(
+                "NotAWasmArtifact",
+                "the manifest is an index",
+            ));
+        };
+        let layer = image
+            .layers
+            .iter()
+            .find(|l| l.digest == format!("sha256:{layer_digest}"))
+            .ok_or_else(|| FetchError::new("NotAWasmArtifact", "no wasm layer"))?;
+        let mut stream = self
+            .oci
+            .pull_blob_stream(&reference, layer)
+            .await
+            .map_err(oci_error)?;
+        let bytes = read_capped(&mut stream.stream, self.max_bytes).await?;
+        if hex_sha(&bytes) != layer_digest {
+            return Err(FetchError::new(
+                "DigestMismatch",
+                "the wasm layer's bytes do not hash to the digest the manifest names",
+            ));
+        }
+        if let Some(dir) = &self.cache {
+            // A cache that cannot be written costs a pull at the next start, nothing else.
+            let _ = super::store::write_private(
+                &dir.join("blobs").join(format!("{layer_digest}.wasm")),
+                &bytes,
+            );
+            let _ = super::store::write_private(
+                &dir.join("oci").join(format!("{}.json", r.digest)),
+                &raw,
+            );
+        }
+        Ok(Fetched {
+            bytes: bytes.into(),
+            sha256: layer_digest,
+            cached: false,
+        })
+    }
+
+    async fn fetch_https(&self, url: &str, sha256: &str) -> Result<Fetched, FetchError> {
+        let response = self.https.get(url).send().await.map_err(|e| {
+            FetchError::new("Unreachable", format!("GET {url}: {}", without_url(&e)))
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let reason = match status.as_u16() {
+                401 | 403 => "Unauthorized",
+                404 => "NotFound",
+                _ => "Unreachable",
+            };
+            return Err(FetchError::new(reason, format!("GET {url}: HTTP {status}")));
+        }
+        if response
+            .content_length()
+            .is_some_and(|l| l > self.max_bytes as u64)
+        {
+            return Err(FetchError::new(
+                "TooLarge",
+                format!(
+                    "{url} is larger than --max-plugin-bytes ({})",
+                    self.max_bytes
+                ),
+            ));
+        }
+        let mut stream = response
+            .bytes_stream()
+            .map(|c| c.map_err(std::io::Error::other))
+            .boxed();
+        let bytes = read_capped(&mut stream, self.max_bytes).await?;
+        if hex_sha(&bytes) != sha256 {
+            return Err(FetchError::new(
+                "DigestMismatch",
+                format!("{url} does not hash to the sha256 the Plugin names"),
+            ));
+        }
+        if let Some(dir) = &self.cache {
+            let _ = super::store::write_private(
+                &dir.join("https").join(format!("{sha256}.wasm")),
+                &bytes,
+            );
+        }
+        Ok(Fetched {
+            bytes: bytes.into(),
+            sha256: sha256.to_string(),
+            cached: false,
+        })
+    }
+}
+
+fn without_url(e: &reqwest::Error) -> String {
+    // reqwest's text names the URL, which the caller already says.
+    let mut text = e.to_string();
+    if let Some(u) = e.url() {
+        text = text.replace(u.as_str(), "");
+    }
+    text
+}
+
+fn hex_sha(bytes: &[u8]) -> String {
+    crate::sandbox::sha256_hex(bytes)
+}
+
+/// The digest (hex) of the one wasm layer of a manifest, checked: an image manifest whose config
+/// is a wasm config media type and which holds exactly one layer, of a wasm media type, whose
+/// declared size is within `max_bytes`.
+pub fn wasm_layer(raw: &[u8], max_bytes: usize) -> Result<String, FetchError> {
+    let bad = |m: String| FetchError::new("NotAWasmArtifact", m);
+    let v: serde_json::Value =
+        serde_json::from_slice(raw).map_err(|_| bad("the manifest is not JSON".into()))?;
+    if let Some(mt) = v["mediaType"].as_str()
+        && !MANIFEST_TYPES.contains(&mt)
+    {
+        return Err(bad(format!(
+            "the manifest's media type is {}, not an image manifest",
+            crate::contract::validate::log_text(mt, 128)
+        )));
+    }
+    let config = v["config"]["mediaType"].as_str().unwrap_or_default();
+    if !CONFIG_TYPES.contains(&config) {
+        return Err(bad(format!(
+            "the config media type is {:?}, not a wasm artifact ({})",
+            crate::contract::validate::log_text(config, 128),
+            CONFIG_TYPES.join(" or ")
+        )));
+    }
+    let layers = v["layers"].as_array().cloned().unwrap_or_default();
+    if layers.len() != 1 {
+        return Err(bad(format!(
+            "the artifact has {} layers; a wasm artifact has exactly one",
+            layers.len()
+        )));
+    }
+    let layer = &layers[0];
+    let mt = layer["mediaType"].as_str().unwrap_or_default();
+    if !LAYER_TYPES.contains(&mt) {
+        return Err(bad(format!(
+            "the layer's media type is {:?}, not {}",
+            crate::contract::validate::log_text(mt, 128),
+            LAYER_TYPES.join(" or ")
+        )));
+    }
+    let size = layer["size"].as_u64().unwrap_or(u64::MAX);
+    if size > max_bytes as u64 {
+        return Err(FetchError::new(
+            "TooLarge",
+            format!("the wasm layer is {size} bytes, more than --max-plugin-bytes ({max_bytes})"),
+        ));
+    }
+    let digest = layer["digest"].as_str().unwrap_or_default();
+    let hex = digest
+        .strip_prefix("sha256:")
+        .filter(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        })
+        .ok_or_else(|| bad("the layer's digest is not sha256:<64 hex digits>".into()))?;
+    Ok(hex.to_string())
+}
+
+/// Reads a stream into memory, refusing it once it passes `max` bytes.
+async fn read_capped(
+    stream: &mut futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    max: usize,
+) -> Result<Vec<u8>, FetchError> {
+    let mut out = Vec::new();
+    let mut hasher = Sha256::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| FetchError::new("Unreachable", format!("reading the blob: {e}")))?;
+        if out.len() + chunk.len() > max {
+            return Err(FetchError::new(
+                "TooLarge",
+                format!("the component is larger than --max-plugin-bytes ({max})"),
+            ));
+        }
+        hasher.update(&chunk);
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+fn oci_error(e: oci_client::errors::OciDistributionError) -> FetchError {
+    use oci_client::errors::OciDistributionError as E;
+    let text = e.to_string();
+    match e {
+        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => {
+            FetchError::new("Unauthorized", text)
+        }
+        E::ImageManifestNotFoundError(_) => FetchError::new("NotFound", text),
+        E::DigestError(_) => FetchError::new("DigestMismatch", text),
+        _ if text.contains("404") => FetchError::new("NotFound", text),
+        _ if text.contains("401") || text.contains("403") => FetchError::new("Unauthorized", text),
+        _ => FetchError::new("Unreachable", text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const D: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn manifest(config: &str, layers: Vec<serde_json::Value>) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": config, "digest": format!("sha256:{D}"), "size": 2},
+            "layers": layers,
+        }))
+        .unwrap()
+    }
+
+    fn layer(mt: &str, size: u64) -> serde_json::Value {
+        json!({"mediaType": mt, "digest": format!("sha256:{D}"), "size": size})
+    }
+
+    #[test]
+    fn both_wasm_layouts_are_accepted() {
+        for (config, lt) in CONFIG_TYPES.iter().zip(LAYER_TYPES) {
+            let m = manifest(config, vec![layer(lt, 100)]);
+            assert_eq!(wasm_layer(&m, 1000).unwrap(), D);
+        }
+    }
+
+    #[test]
+    fn artifacts_that_are_not_one_wasm_layer_within_the_cap_are_refused() {
+        let two = manifest(
+            CONFIG_TYPES[0],
+            vec![layer(LAYER_TYPES[0], 1), layer(LAYER_TYPES[0], 1)],
+        );
+        assert!(
+            wasm_layer(&two, 1000)
+                .unwrap_err()
+                .message
+                .contains("2 layers")
+        );
+        let image = manifest(
+            "application/vnd.oci.image.config.v1+json",
+            vec![layer("application/vnd.oci.image.layer.v1.tar+gzip", 1)],
+        );
+        assert_eq!(
+            wasm_layer(&image, 1000).unwrap_err().reason,
+            "NotAWasmArtifact"
+        );
+        let big = manifest(CONFIG_TYPES[0], vec![layer(LAYER_TYPES[0], 5000)]);
+        assert_eq!(wasm_layer(&big, 1000).unwrap_err().reason, "TooLarge");
+        let no_size = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "config": {"mediaType": CONFIG_TYPES[0]},
+            "layers": [{"mediaType": LAYER_TYPES[0], "digest": format!("sha256:{D}")}],
+        }))
+        .unwrap();
+        assert_eq!(wasm_layer(&no_size, 1000).unwrap_err().reason, "TooLarge");
+        assert!(wasm_layer(b"not json", 1000).is_err());
+    }
+
+    #[test]
+    fn pull_secret_credentials_are_found_for_their_registry_only() {
+        use base64::Engine as _;
+        let auth = base64::engine::general_purpose::STANDARD.encode("u:p:w");
+        let cfg = serde_json::to_vec(&json!({"auths": {
+            "https://reg.example:5000/v2/": {"auth": auth},
+            "other.example": {"username": "a", "password": "b"},
+        }}))
+        .unwrap();
+        let c = credentials_for(&cfg, "reg.example:5000").unwrap().unwrap();
+        assert_eq!((c.username.as_str(), c.password.as_str()), ("u", "p:w"));
+        assert!(credentials_for(&cfg, "third.example").unwrap().is_none());
+        assert!(!format!("{c:?}").contains("p:w"));
+        assert!(credentials_for(b"{}", "reg.example").is_err());
+    }
+}

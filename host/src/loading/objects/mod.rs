@@ -1,0 +1,431 @@
+//! Plugins as cluster objects (`plugins.wcm.dev`): a source feeding the one loader. Each Plugin
+//! object is watched, its component fetched by digest (`fetch`), checked and kept on disk, and
+//! handed to the loader as if it were `NAME.wasm` with its `NAME.toml` in the plugins directory:
+//! the same compile cache, describe, validation, grant check, swap in place and stop on delete.
+//! Under the key `Plugin/NAME`, which no file can have.
+//!
+//! A fetch that fails leaves the version already running as it is (the loader is handed the last
+//! good component until a new one is fetched); retried with backoff when a retry can help, and
+//! reported on the object's status (`status`).
+
+pub mod fetch;
+pub mod spec;
+pub mod status;
+pub mod store;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher;
+
+use fetch::{Credentials, FetchError, Fetcher};
+use spec::{Origin, PluginSpec};
+
+/// At most this many Plugin objects are served; past it, the rest are reported and skipped.
+pub const MAX_OBJECTS: usize = 256;
+/// Fetches running at once, over all objects.
+const FETCHES_AT_ONCE: usize = 2;
+/// A whole fetch (manifest and blob) may take this long.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(120);
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// What `run` needs from the operator.
+#[derive(Debug, Clone, Default)]
+pub struct ObjectSettings {
+    /// `--plugin-registries`: registries (and https hosts) components may come from.
+    pub registries: BTreeSet<String>,
+    /// Registries reached over plain HTTP (`--plugin-registry-plain-http`).
+    pub plain_http: Vec<String>,
+    /// CA certificates (PEM) trusted for registries besides the system's.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Where fetched components are kept (by digest).
+    pub cache: Option<PathBuf>,
+    pub max_bytes: usize,
+    /// The namespace of pull Secrets (the host's).
+    pub secrets_namespace: String,
+}
+
+/// The component and settings the loader is handed for one object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loadable {
+    pub bytes: Arc<[u8]>,
+    pub sha256: String,
+    pub settings_text: Option<String>,
+    /// The source it came from, shown in status.
+    pub source: String,
+}
+
+/// What this replica knows of one Plugin object.
+#[derive(Debug, Clone, Default)]
+pub struct ObjectState {
+    pub generation: i64,
+    /// The spec as read, or why it cannot be used.
+    pub spec: Option<Result<(Origin, PluginSpec), String>>,
+    /// What the loader runs (or tries to): the last component fetched for this object.
+    pub loadable: Option<Loadable>,
+    /// The generation `loadable` was made for.
+    pub loaded_generation: Option<i64>,
+    /// The latest fetch failure for the current spec, if the current spec is not fetched.
+    pub fetch_error: Option<FetchError>,
+    /// The component was found in the disk cache.
+    pub cached: bool,
+    attempts: u32,
+    fetching: bool,
+}
+
+/// The Plugin objects this replica serves, shared with the loader and the status writer.
+pub struct ObjectSource {
+    settings: ObjectSettings,
+    fetcher: Fetcher,
+    client: kube::Client,
+    objects: Mutex<BTreeMap<String, ObjectState>>,
+    /// Woken when what the loader should run changed.
+    changed: tokio::sync::Notify,
+    /// Woken when an object's state changed (for the status writer).
+    pub(crate) state_changed: tokio::sync::Notify,
+    fetch_turns: tokio::sync::Semaphore,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The Plugin resource.
+pub fn resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        spec::GROUP,
+        spec::VERSION,
+        spec::KIND,
+    ))
+}
+
+impl ObjectSource {
+    pub fn new(
+        settings: ObjectSettings,
+        client: kube::Client,
+    ) -> anyhow::Result<Arc<ObjectSource>> {
+        let fetcher = Fetcher::new(
+            settings.cache.clone(),
+            settings.max_bytes,
+            settings.ca_pem.as_deref(),
+            &settings.plain_http,
+        )?;
+        Ok(Arc::new(ObjectSource {
+            settings,
+            fetcher,
+            client,
+            objects: Mutex::default(),
+            changed: tokio::sync::Notify::new(),
+            state_changed: tokio::sync::Notify::new(),
+            fetch_turns: tokio::sync::Semaphore::new(FETCHES_AT_ONCE),
+        }))
+    }
+
+    /// What the loader should run: `Plugin/NAME` → component and settings.
+    pub fn snapshot(&self) -> BTreeMap<String, Loadable> {
+        lock(&self.objects)
+            .iter()
+            .filter_map(|(name, s)| Some((spec::key_of(name), s.loadable.clone()?)))
+            .collect()
+    }
+
+    /// The state of every object, by object name.
+    pub fn states(&self) -> BTreeMap<String, ObjectState> {
+        lock(&self.objects).clone()
+    }
+
+    /// Resolves when what the loader should run may have changed.
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    /// Watches Plugin objects until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource());
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        let mut seen_in_list = BTreeSet::new();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Init) => seen_in_list.clear(),
+                Ok(watcher::Event::InitApply(o)) => {
+                    if let Some(n) = o.metadata.name.clone() {
+                        seen_in_list.insert(n);
+                    }
+                    self.clone().upsert(o);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    // Objects deleted while the watch was down.
+                    let gone: Vec<String> = lock(&self.objects)
+                        .keys()
+                        .filter(|k| !seen_in_list.contains(*k))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        self.remove(&name);
+                    }
+                }
+                Ok(watcher::Event::Apply(o)) => self.clone().upsert(o),
+                Ok(watcher::Event::Delete(o)) => {
+                    if let Some(n) = &o.metadata.name {
+                        self.remove(n);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("watching Plugin objects: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    fn remove(&self, name: &str) {
+        if lock(&self.objects).remove(name).is_some() {
+            tracing::info!(plugin_object = %name, "Plugin object deleted: stopping its plugin");
+            self.changed.notify_one();
+            self.state_changed.notify_one();
+        }
+    }
+
+    fn upsert(self: Arc<Self>, o: DynamicObject) {
+        let Some(name) = o.metadata.name.clone() else {
+            return;
+        };
+        let generation = o.metadata.generation.unwrap_or_default();
+        let parsed = PluginSpec::from_value(&o.data["spec"])
+            .and_then(|s| Ok((s.origin(&self.settings.registries)?, s)));
+        let start_fetch = {
+            let mut objects = lock(&self.objects);
+            if !objects.contains_key(&name) && objects.len() >= MAX_OBJECTS {
+                tracing::warn!(plugin_object = %crate::contract::validate::log_text(&name, 253), "more than {MAX_OBJECTS} Plugin objects: this one is not served");
+                return;
+            }
+            let state = objects.entry(name.clone()).or_default();
+            let same_spec = state.spec.as_ref() == Some(&parsed);
+            state.generation = generation;
+            if same_spec {
+                return;
+            }
+            state.spec = Some(parsed.clone());
+            state.fetch_error = None;
+            state.attempts = 0;
+            match &parsed {
+                Ok((origin, spec)) => {
+                    // Settings alone changed: the same component with new settings, no fetch.
+                    let settings = spec.settings_toml();
+                    let same_bytes = state
+                        .loadable
+                        .as_ref()
+                        .is_some_and(|l| l.source == origin.shown());
+                    match (same_bytes, settings) {
+                        (true, Ok(text)) => {
+                            if let Some(l) = state.loadable.as_mut() {
+                                l.settings_text = text;
+                            }
+                            state.loaded_generation = Some(generation);
+                            self.changed.notify_one();
+                            false
+                        }
+                        (_, Err(e)) => {
+                            state.fetch_error = Some(FetchError {
+                                reason: "InvalidSettings",
+                                message: e,
+                            });
+                            false
+                        }
+                        (false, Ok(_)) => !state.fetching,
+                    }
+                }
+                Err(_) => false,
+            }
+        };
+        self.state_changed.notify_one();
+        if start_fetch {
+            tokio::spawn(self.fetch_loop(name));
+        }
+    }
+
+    /// Fetches what the object's current spec names, retrying with backoff while that helps and
+    /// the spec stays the same.
+    async fn fetch_loop(self: Arc<Self>, name: String) {
+        loop {
+            let (origin, spec, generation) = {
+                let mut objects = lock(&self.objects);
+                let Some(state) = objects.get_mut(&name) else {
+                    return;
+                };
+                let Some(Ok((origin, spec))) = state.spec.clone() else {
+                    state.fetching = false;
+                    return;
+                };
+                if state
+                    .loadable
+                    .as_ref()
+                    .is_some_and(|l| l.source == origin.shown())
+                {
+                    state.fetching = false;
+                    return;
+                }
+                state.fetching = true;
+                (origin, spec, state.generation)
+            };
+            let result = {
+                let _turn = self.fetch_turns.acquire().await;
+                match self.credentials(&spec, &origin).await {
+                    Ok(creds) => tokio::time::timeout(
+                        FETCH_TIMEOUT,
+                        self.fetcher.fetch(&origin, creds.as_ref()),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(FetchError {
+                            reason: "Unreachable",
+                            message: format!("the fetch took longer than {FETCH_TIMEOUT:?}"),
+                        })
+                    }),
+                    Err(e) => Err(e),
+                }
+            };
+            let retry_in = {
+                let mut objects = lock(&self.objects);
+                let Some(state) = objects.get_mut(&name) else {
+                    return;
+                };
+                let still_wanted = matches!(&state.spec, Some(Ok((o, _))) if *o == origin);
+                if !still_wanted {
+                    // The spec changed meanwhile: fetch what it names now.
+                    continue;
+                }
+                match result {
+                    Ok(fetched) => {
+                        let settings_text = spec.settings_toml().ok().flatten();
+                        tracing::info!(
+                            plugin_object = %name,
+                            source = %origin.shown(),
+                            cached = fetched.cached,
+                            "Plugin object fetched"
+                        );
+                        state.loadable = Some(Loadable {
+                            bytes: fetched.bytes,
+                            sha256: fetched.sha256,
+                            settings_text,
+                            source: origin.shown(),
+                        });
+                        state.cached = fetched.cached;
+                        state.loaded_generation = Some(generation);
+                        state.fetch_error = None;
+                        state.fetching = false;
+                        state.attempts = 0;
+                        self.changed.notify_one();
+                        self.state_changed.notify_one();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(plugin_object = %name, reason = e.reason, "fetching the Plugin's component failed: {}", e.message);
+                        let retry = e.is_transient();
+                        state.fetch_error = Some(e);
+                        state.attempts = state.attempts.saturating_add(1);
+                        self.state_changed.notify_one();
+                        if !retry {
+                            state.fetching = false;
+                            return;
+                        }
+                        backoff(state.attempts)
+                    }
+                }
+            };
+            tokio::time::sleep(retry_in).await;
+        }
+    }
+
+    /// The registry credentials the Plugin's pull Secret holds for its registry, read through the
+    /// API at each fetch (a new or rotated Secret needs no restart).
+    async fn credentials(
+        &self,
+        spec: &PluginSpec,
+        origin: &Origin,
+    ) -> Result<Option<Credentials>, FetchError> {
+        let name = match spec.pull_secret() {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                return Err(FetchError {
+                    reason: "InvalidSpec",
+                    message: e,
+                });
+            }
+        };
+        let secrets: Api<Secret> =
+            Api::namespaced(self.client.clone(), &self.settings.secrets_namespace);
+        let secret = secrets.get_opt(name).await.map_err(|e| FetchError {
+            reason: "PullSecretUnreadable",
+            message: format!("reading the pull Secret {name}: {e}"),
+        })?;
+        let Some(secret) = secret else {
+            return Err(FetchError {
+                reason: "PullSecretMissing",
+                message: format!(
+                    "no Secret {}/{name} (the pull Secret)",
+                    self.settings.secrets_namespace
+                ),
+            });
+        };
+        if secret.type_.as_deref() != Some("kubernetes.io/dockerconfigjson") {
+            return Err(FetchError {
+                reason: "PullSecretInvalid",
+                message: format!("the Secret {name} is not of type kubernetes.io/dockerconfigjson"),
+            });
+        }
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(".dockerconfigjson"))
+            .ok_or_else(|| FetchError {
+                reason: "PullSecretInvalid",
+                message: format!("the Secret {name} has no .dockerconfigjson"),
+            })?;
+        fetch::credentials_for(&data.0, origin.authority()).map_err(|e| FetchError {
+            reason: "PullSecretInvalid",
+            message: e,
+        })
+    }
+}
+
+fn backoff(attempts: u32) -> Duration {
+    let exp = attempts.saturating_sub(1).min(16);
+    (BACKOFF_FIRST * 2u32.saturating_pow(exp)).min(BACKOFF_MAX)
+}
+
+impl FetchError {
+    /// Retried by the fetch loop: a retry can help (the registry or the Secret may come back).
+    pub fn is_transient(&self) -> bool {
+        self.retryable() || self.reason.starts_with("PullSecret")
+    }
+}
+
+impl std::fmt::Debug for ObjectSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectSource")
+            .field("registries", &self.settings.registries)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(2), Duration::from_secs(2));
+        assert_eq!(backoff(5), Duration::from_secs(16));
+        assert_eq!(backoff(40), BACKOFF_MAX);
+    }
+}

@@ -1,0 +1,230 @@
+//! The status of Plugin objects, as `kubectl get plugins` shows it. Replicas do not fight over it:
+//! each replica applies (server-side apply) only its own entry of `status.replicas` under a field
+//! manager of its own; the object-wide fields (conditions, digest, contract, declares, leader) are
+//! applied by the replica that leads the plugin, or, while no replica leads it (waiting, refused),
+//! by every replica under one shared field manager with the same values (server-side apply of
+//! equal values by two managers is no conflict).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::{ObjectSource, ObjectState, resource, spec};
+use crate::loading::plugins::{FileStatus, PluginManager};
+
+/// Field manager of the object-wide status fields.
+const SHARED_MANAGER: &str = "wcm-plugin-status";
+/// At most one status write per object per this long, per replica.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The condition list and the replica entry one replica computes for one object.
+fn conditions(
+    state: &ObjectState,
+    file: Option<&FileStatus>,
+) -> (Vec<Value>, &'static str, String) {
+    let generation = state.generation;
+    let cond = |t: &str, ok: Option<bool>, reason: &str, message: &str| {
+        json!({
+            "type": t,
+            "status": match ok { Some(true) => "True", Some(false) => "False", None => "Unknown" },
+            "reason": reason,
+            "message": crate::contract::validate::log_text(message, 1024),
+            "observedGeneration": generation,
+        })
+    };
+    let mut out = Vec::new();
+    let spec_error = match &state.spec {
+        Some(Err(e)) => Some(e.clone()),
+        _ => None,
+    };
+    let current = state.loaded_generation == Some(generation);
+    let pulled = match (&spec_error, &state.fetch_error, current) {
+        (Some(e), _, _) => cond("Pulled", Some(false), "InvalidSpec", e),
+        (None, Some(e), _) => cond("Pulled", Some(false), e.reason, &e.message),
+        (None, None, true) => cond(
+            "Pulled",
+            Some(true),
+            if state.cached { "FromCache" } else { "Pulled" },
+            &state
+                .loadable
+                .as_ref()
+                .map(|l| format!("sha256:{} from {}", l.sha256, l.source))
+                .unwrap_or_default(),
+        ),
+        (None, None, false) => cond("Pulled", None, "Pulling", "fetching the component"),
+    };
+    out.push(pulled);
+    out.push(cond(
+        "Verified",
+        Some(true),
+        "NotRequested",
+        "no signature verification requested",
+    ));
+    let (granted, ready, state_word, reason) = match file {
+        Some(FileStatus::Running {
+            update_refused: None,
+            ..
+        }) => (
+            cond("Granted", Some(true), "Granted", ""),
+            cond("Ready", Some(true), "Running", "running"),
+            "running",
+            String::new(),
+        ),
+        Some(FileStatus::Running {
+            update_refused: Some(e),
+            ..
+        }) => (
+            cond("Granted", Some(true), "Granted", ""),
+            cond("Ready", Some(false), "UpdateRefused", e),
+            "running",
+            e.clone(),
+        ),
+        Some(FileStatus::Disabled { .. }) => (
+            cond("Granted", None, "Disabled", ""),
+            cond(
+                "Ready",
+                Some(false),
+                "Disabled",
+                "enabled = false in settings",
+            ),
+            "disabled",
+            String::new(),
+        ),
+        Some(FileStatus::Waiting {
+            reason, message, ..
+        }) => {
+            let forbidden = matches!(reason, crate::loading::plugins::WaitReason::Forbidden);
+            (
+                if forbidden {
+                    cond("Granted", Some(false), "Forbidden", message)
+                } else {
+                    cond("Granted", None, "Waiting", "")
+                },
+                cond("Ready", Some(false), reason.as_str(), message),
+                "waiting",
+                message.clone(),
+            )
+        }
+        Some(FileStatus::Refused { error }) => (
+            cond("Granted", None, "Refused", ""),
+            cond("Ready", Some(false), "Refused", error),
+            "refused",
+            error.clone(),
+        ),
+        Some(FileStatus::Loading) => (
+            cond("Granted", None, "Loading", ""),
+            cond("Ready", None, "Loading", "loading"),
+            "loading",
+            String::new(),
+        ),
+        None => {
+            let why = state
+                .fetch_error
+                .as_ref()
+                .map(|e| e.message.clone())
+                .or(spec_error)
+                .unwrap_or_else(|| "fetching".into());
+            (
+                cond("Granted", None, "NotLoaded", ""),
+                cond("Ready", Some(false), "NotLoaded", &why),
+                "pending",
+                why,
+            )
+        }
+    };
+    out.push(granted);
+    out.push(ready);
+    (out, state_word, reason)
+}
+
+/// Writes the status of every Plugin object when this replica's view of it changes, until the
+/// task is dropped.
+pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica: String) {
+    let api: Api<DynamicObject> = Api::all_with(source.client.clone(), &resource());
+    let replica_manager = format!(
+        "wcm-replica-{}",
+        crate::contract::validate::log_text(&replica, 100)
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            .collect::<String>()
+    );
+    let mut written: std::collections::BTreeMap<String, Value> = Default::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = source.state_changed.notified() => {}
+            _ = tick.tick() => {}
+        }
+        tokio::time::sleep(MIN_INTERVAL).await;
+        let files = plugins.status().await;
+        let leaders = plugins.leaders().await;
+        let states = source.states();
+        written.retain(|name, _| states.contains_key(name));
+        for (name, state) in states {
+            let key = spec::key_of(&name);
+            let file = files.get(&key);
+            let (conds, word, reason) = conditions(&state, file);
+            let (leading, leader) = match leaders.get(&key) {
+                Some((leading, leader)) => (*leading, leader.clone()),
+                // No election for it: this replica runs it when it runs.
+                None => (matches!(file, Some(FileStatus::Running { .. })), None),
+            };
+            let digest = state
+                .loadable
+                .as_ref()
+                .map(|l| format!("sha256:{}", l.sha256));
+            let mine = json!({
+                "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
+                "kind": spec::KIND,
+                "status": {"replicas": [{
+                    "name": replica,
+                    "state": word,
+                    "reason": crate::contract::validate::log_text(&reason, 1024),
+                    "digest": digest,
+                    "leading": leading,
+                    "observedGeneration": state.generation,
+                }]},
+            });
+            let whole = json!({
+                "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
+                "kind": spec::KIND,
+                "status": {
+                    "observedGeneration": state.generation,
+                    "source": state.loadable.as_ref().map(|l| l.source.clone()),
+                    "digest": digest,
+                    "leader": leader,
+                    "conditions": conds,
+                },
+            });
+            // The object-wide fields: by the leader, or by everyone while nobody leads.
+            let write_whole = leading || leader.is_none();
+            let snapshot = json!([mine, write_whole.then_some(&whole)]);
+            if written.get(&name) == Some(&snapshot) {
+                continue;
+            }
+            let mut ok = true;
+            for (doc, manager) in [
+                (Some(&mine), replica_manager.as_str()),
+                (write_whole.then_some(&whole), SHARED_MANAGER),
+            ] {
+                let Some(doc) = doc else { continue };
+                if let Err(e) = api
+                    .patch_status(
+                        &name,
+                        &PatchParams::apply(manager).force(),
+                        &Patch::Apply(doc),
+                    )
+                    .await
+                {
+                    ok = false;
+                    tracing::debug!(plugin_object = %name, "writing the Plugin's status: {e}");
+                }
+            }
+            if ok {
+                written.insert(name, snapshot);
+            }
+        }
+    }
+}
