@@ -151,6 +151,8 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             .collect::<String>()
     );
     let mut written: std::collections::BTreeMap<String, Value> = Default::default();
+    // The last write error per object: said once, not at every retry.
+    let mut failing: std::collections::BTreeMap<String, String> = Default::default();
     let mut tick = tokio::time::interval(Duration::from_secs(10));
     loop {
         tokio::select! {
@@ -162,6 +164,7 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
         let leaders = plugins.leaders().await;
         let states = source.states();
         written.retain(|name, _| states.contains_key(name));
+        failing.retain(|name, _| states.contains_key(name));
         for (name, state) in states {
             let key = spec::key_of(&name);
             let file = files.get(&key);
@@ -169,7 +172,10 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             let (leading, leader) = match leaders.get(&key) {
                 Some((leading, leader)) => (*leading, leader.clone()),
                 // No election for it: this replica runs it when it runs.
-                None => (matches!(file, Some(FileStatus::Running { .. })), None),
+                None => {
+                    let running = matches!(file, Some(FileStatus::Running { .. }));
+                    (running, running.then(|| replica.clone()))
+                }
             };
             let digest = state
                 .loadable
@@ -178,6 +184,7 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             let mine = json!({
                 "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
                 "kind": spec::KIND,
+                "metadata": {"name": name},
                 "status": {"replicas": [{
                     "name": replica,
                     "state": word,
@@ -190,6 +197,7 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             let whole = json!({
                 "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
                 "kind": spec::KIND,
+                "metadata": {"name": name},
                 "status": {
                     "observedGeneration": state.generation,
                     "source": state.loadable.as_ref().map(|l| l.source.clone()),
@@ -198,6 +206,7 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
                     "conditions": conds,
                 },
             });
+            let (mine, whole) = (without_nulls(mine), without_nulls(whole));
             // The object-wide fields: by the leader, or by everyone while nobody leads.
             let write_whole = leading || leader.is_none();
             let snapshot = json!([mine, write_whole.then_some(&whole)]);
@@ -219,12 +228,31 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
                     .await
                 {
                     ok = false;
-                    tracing::debug!(plugin_object = %name, "writing the Plugin's status: {e}");
+                    let text = e.to_string();
+                    if failing.get(&name) != Some(&text) {
+                        tracing::warn!(plugin_object = %name, "writing the Plugin's status failed: {text}");
+                        failing.insert(name.clone(), text);
+                    }
                 }
             }
             if ok {
+                failing.remove(&name);
                 written.insert(name, snapshot);
             }
         }
+    }
+}
+
+/// `v` without its null members (an absent field, for server-side apply: the schema refuses null).
+fn without_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(without_nulls).collect()),
+        other => other,
     }
 }

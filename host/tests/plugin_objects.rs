@@ -1,0 +1,351 @@
+//! Plugins as cluster objects (`plugins.wcm.dev`), against the real API server: a Plugin whose
+//! component is fetched over https (a real TLS server on loopback with a certificate of the
+//! cluster's CA, which the host is told to trust) starts without a restart, acts, reports its
+//! status on the object, keeps running when a new source cannot be used (wrong digest, a host not
+//! allowed), swaps to a new digest, and stops when the object is deleted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_rustls::rustls;
+use wasm_controller_manager::loading::objects::{self, ObjectSettings};
+use wasm_controller_manager::loading::plugins::FileStatus;
+
+/// Files served over https, and the paths asked for.
+#[derive(Default)]
+struct Files {
+    by_path: BTreeMap<String, Vec<u8>>,
+    asked: Vec<String>,
+}
+
+/// An https server on 127.0.0.1 with the apiserver's serving certificate (valid for 127.0.0.1,
+/// signed by the cluster CA): `GET /PATH` answers the bytes stored under PATH, else 404.
+async fn serve_files(pki: &Path, files: Arc<Mutex<Files>>) -> Result<u16> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(pki.join("apiserver.crt"))?.collect::<Result<_, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(pki.join("apiserver.key"))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, files) = (acceptor.clone(), files.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut stream = BufReader::new(tls);
+                let mut request = String::new();
+                if stream.read_line(&mut request).await.is_err() {
+                    return;
+                }
+                let mut line = String::new();
+                while stream.read_line(&mut line).await.is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let path = request
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_string();
+                let body = {
+                    let mut f = files.lock().expect("not poisoned");
+                    f.asked.push(path.clone());
+                    f.by_path.get(&path).cloned()
+                };
+                let (status, body) = match body {
+                    Some(b) => ("200 OK", b),
+                    None => ("404 Not Found", Vec::new()),
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/wasm\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let s = stream.get_mut();
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// Applies the Plugin CRD of `manifests/` and waits until Plugins can be listed.
+async fn install_crd(client: &kube::Client) -> Result<()> {
+    let text =
+        std::fs::read_to_string(testenv::repo_root().join("manifests/crds/plugins.wcm.dev.yaml"))?;
+    let crd: Value = serde_yaml_ng::from_str(&text)?;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    crds.patch(
+        "plugins.wcm.dev",
+        &PatchParams::apply("plugin-objects-test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
+    eventually("the Plugin CRD served", Duration::from_secs(30), || async {
+        Ok(plugins
+            .list(&Default::default())
+            .await
+            .is_ok()
+            .then_some(()))
+    })
+    .await
+}
+
+fn plugin_object(name: &str, url: &str, sha256: &str) -> Value {
+    json!({
+        "apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
+        "metadata": {"name": name},
+        "spec": {"source": {"https": {"url": url, "sha256": sha256}}},
+    })
+}
+
+fn condition<'a>(o: &'a DynamicObject, t: &str) -> Option<&'a Value> {
+    o.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == t)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps_and_stops()
+-> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("wasm_controller_manager=info")
+        .with_test_writer()
+        .try_init();
+    let env = testenv::TestEnv::shared().await?;
+    let Some(local) = env.local() else {
+        eprintln!("skipped: the file server uses the local cluster's serving certificate");
+        return Ok(());
+    };
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    let pki = Path::new(&local.dir).join("pki");
+    let files = Arc::new(Mutex::new(Files::default()));
+    let port = serve_files(&pki, files.clone()).await?;
+    let base = format!("https://127.0.0.1:{port}");
+
+    let wb_path = plugin("well-behaved")?;
+    let wb = std::fs::read(&wb_path)?;
+    let wb_sha = wasm_controller_manager::sandbox::sha256_hex(&wb);
+    // The same plugin, other bytes (a custom section appended): a new version.
+    let mut wb2 = wb.clone();
+    wb2.extend_from_slice(&[0, 8, 4, b'w', b'c', b'm', b'2', 1, 2, 3]);
+    let wb2_sha = wasm_controller_manager::sandbox::sha256_hex(&wb2);
+    {
+        let mut f = files.lock().expect("not poisoned");
+        f.by_path.insert("/wb.wasm".into(), wb.clone());
+        f.by_path.insert("/wb2.wasm".into(), wb2.clone());
+    }
+    grant(std::slice::from_ref(&wb_path)).await?;
+
+    let dir = temp_dir("plugin-objects")?;
+    let cache = temp_dir("plugin-objects-cache")?;
+    let mut cfg = test_config(&dir);
+    cfg.plugin_objects = Some(ObjectSettings {
+        registries: [format!("127.0.0.1:{port}")].into(),
+        plain_http: Vec::new(),
+        ca_pem: Some(std::fs::read(pki.join("ca.crt"))?),
+        cache: Some(cache.clone()),
+        max_bytes: 64 << 20,
+        secrets_namespace: "wcm-system".into(),
+    });
+    let manager = start_manager(cfg).await?;
+    let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
+    let _ = plugins.delete("wb", &DeleteParams::default()).await;
+
+    // Created: fetched, checked, loaded like a file, running.
+    plugins
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(plugin_object("wb", &format!("{base}/wb.wasm"), &wb_sha))?,
+        )
+        .await?;
+    wait_status(
+        &manager,
+        "Plugin/wb",
+        "the Plugin running",
+        |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == wb_sha),
+    )
+    .await?;
+    // It acts.
+    let ns = env.namespace("plugin-objects").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    cms.create(&PostParams::default(), &cm("one", &[("value", "1")]))
+        .await?;
+    eventually(
+        "the ConfigMap reconciled",
+        Duration::from_secs(30),
+        || async {
+            Ok(reconciled_annotations(&cms)
+                .await?
+                .get("one")
+                .is_some_and(|v| v == "1")
+                .then_some(()))
+        },
+    )
+    .await?;
+    // Its status, on the object, as kubectl shows it.
+    let o = eventually(
+        "the Plugin's status Ready",
+        Duration::from_secs(30),
+        || async {
+            let o = plugins.get("wb").await?;
+            Ok(condition(&o, "Ready")
+                .is_some_and(|c| c["status"] == "True")
+                .then_some(o))
+        },
+    )
+    .await?;
+    assert_eq!(o.data["status"]["digest"], format!("sha256:{wb_sha}"));
+    assert_eq!(condition(&o, "Pulled").context("Pulled")?["status"], "True");
+    let replicas = o.data["status"]["replicas"]
+        .as_array()
+        .context("replicas")?;
+    assert_eq!(replicas.len(), 1, "{replicas:?}");
+    assert_eq!(replicas[0]["state"], "running");
+
+    // A wrong digest (of bytes not in the cache, so the file is fetched and checked): refused on
+    // the status, the running version keeps running.
+    let other_sha = wasm_controller_manager::sandbox::sha256_hex(b"not the served bytes");
+    let patch = |url: String, sha: String| {
+        json!({"apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
+               "spec": {"source": {"https": {"url": url, "sha256": sha}}}})
+    };
+    plugins
+        .patch(
+            "wb",
+            &PatchParams::apply("plugin-objects-test").force(),
+            &Patch::Apply(patch(format!("{base}/wb2.wasm"), wb_sha.clone())),
+        )
+        .await?;
+    let o = eventually(
+        "Pulled False: DigestMismatch",
+        Duration::from_secs(30),
+        || async {
+            let o = plugins.get("wb").await?;
+            Ok(condition(&o, "Pulled")
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "DigestMismatch")
+                .then_some(o))
+        },
+    )
+    .await?;
+    eprintln!(
+        "wrong digest: {}",
+        condition(&o, "Pulled").context("Pulled")?["message"]
+    );
+    assert!(
+        matches!(status_of(&manager, "Plugin/wb").await, Some(FileStatus::Running { sha256, .. }) if sha256 == wb_sha),
+        "the running version keeps running"
+    );
+    // A host that is not allowed: refused before any request.
+    let asked_before = files.lock().expect("not poisoned").asked.len();
+    plugins
+        .patch(
+            "wb",
+            &PatchParams::apply("plugin-objects-test").force(),
+            &Patch::Apply(patch("https://127.0.0.2:1/wb.wasm".into(), wb_sha.clone())),
+        )
+        .await?;
+    eventually(
+        "Pulled False: not allowed",
+        Duration::from_secs(30),
+        || async {
+            let o = plugins.get("wb").await?;
+            Ok(condition(&o, "Pulled")
+                .is_some_and(|c| {
+                    c["status"] == "False"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("not in --plugin-registries"))
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    assert!(
+        matches!(status_of(&manager, "Plugin/wb").await, Some(FileStatus::Running { sha256, .. }) if sha256 == wb_sha),
+        "the running version keeps running"
+    );
+
+    // A new digest: swapped in place, no restart of the host.
+    plugins
+        .patch(
+            "wb",
+            &PatchParams::apply("plugin-objects-test").force(),
+            &Patch::Apply(patch(format!("{base}/wb2.wasm"), wb2_sha.clone())),
+        )
+        .await?;
+    wait_status(
+        &manager,
+        "Plugin/wb",
+        "the new digest running",
+        |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == wb2_sha),
+    )
+    .await?;
+    let asked: Vec<String> = files.lock().expect("not poisoned").asked[asked_before..].to_vec();
+    assert_eq!(
+        asked,
+        vec!["/wb2.wasm".to_string()],
+        "the disallowed host was never asked; the new digest was fetched once"
+    );
+    cms.patch(
+        "one",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"value": "2"}})),
+    )
+    .await?;
+    eventually(
+        "the new version reconciles",
+        Duration::from_secs(30),
+        || async {
+            Ok(reconciled_annotations(&cms)
+                .await?
+                .get("one")
+                .is_some_and(|v| v == "2")
+                .then_some(()))
+        },
+    )
+    .await?;
+    // The fetched components are in the cache, by digest.
+    assert!(
+        cache
+            .join("https")
+            .join(format!("{wb2_sha}.wasm"))
+            .is_file()
+    );
+
+    // Deleted: the plugin stops.
+    plugins.delete("wb", &DeleteParams::default()).await?;
+    eventually("the plugin stopped", Duration::from_secs(30), || async {
+        Ok(status_of(&manager, "Plugin/wb")
+            .await
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    manager.stop().await;
+    Ok(())
+}
