@@ -238,7 +238,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         .patch(
             "wb",
             &PatchParams::apply("plugin-objects-test").force(),
-            &Patch::Apply(patch(format!("{base}/wb2.wasm"), wb_sha.clone())),
+            &Patch::Apply(patch(format!("{base}/wb2.wasm"), other_sha)),
         )
         .await?;
     let o = eventually(
