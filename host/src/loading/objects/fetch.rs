@@ -134,7 +134,11 @@ pub fn credentials_for(dockerconfig: &[u8], registry: &str) -> Result<Option<Cre
 
 /// How components are fetched.
 pub struct Fetcher {
-    oci: oci_client::Client,
+    /// What every registry client is built from: one client per fetch, so no credentials or
+    /// tokens one Plugin's pull Secret gave are ever used for another's (oci-client keeps the
+    /// first credentials it is given for a registry), and a rotated Secret is used at once.
+    plain_http: Vec<String>,
+    extra_ca_pem: Option<Vec<u8>>,
     https: reqwest::Client,
     cache: Option<PathBuf>,
     max_bytes: usize,
@@ -152,28 +156,12 @@ impl Fetcher {
         // reqwest is built without a crypto provider of its own: the process's is ring, as for
         // every other TLS client of the host (a second install is refused, harmlessly).
         let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-        let mut config = ClientConfig {
-            protocol: if plain_http.is_empty() {
-                ClientProtocol::Https
-            } else {
-                ClientProtocol::HttpsExcept(plain_http.to_vec())
-            },
-            read_timeout: Some(std::time::Duration::from_secs(30)),
-            connect_timeout: Some(std::time::Duration::from_secs(10)),
-            user_agent: concat!("wasm-controller-manager/", env!("CARGO_PKG_VERSION")),
-            max_concurrent_download: 1,
-            ..Default::default()
-        };
         let mut https = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
             .read_timeout(std::time::Duration::from_secs(30))
             .redirect(reqwest::redirect::Policy::limited(3))
             .https_only(true);
         if let Some(pem) = extra_ca_pem {
-            config.extra_root_certificates.push(Certificate {
-                encoding: CertificateEncoding::Pem,
-                data: pem.to_vec(),
-            });
             for cert in reqwest::Certificate::from_pem_bundle(pem)? {
                 https = https.add_root_certificate(cert);
             }
@@ -184,11 +172,35 @@ impl Fetcher {
             }
         }
         Ok(Fetcher {
-            oci: oci_client::Client::new(config),
+            plain_http: plain_http.to_vec(),
+            extra_ca_pem: extra_ca_pem.map(<[u8]>::to_vec),
             https: https.build()?,
             cache,
             max_bytes,
         })
+    }
+
+    /// A registry client of its own for one fetch.
+    fn oci_client(&self) -> oci_client::Client {
+        let mut config = ClientConfig {
+            protocol: if self.plain_http.is_empty() {
+                ClientProtocol::Https
+            } else {
+                ClientProtocol::HttpsExcept(self.plain_http.clone())
+            },
+            read_timeout: Some(std::time::Duration::from_secs(30)),
+            connect_timeout: Some(std::time::Duration::from_secs(10)),
+            user_agent: concat!("wasm-controller-manager/", env!("CARGO_PKG_VERSION")),
+            max_concurrent_download: 1,
+            ..Default::default()
+        };
+        if let Some(pem) = &self.extra_ca_pem {
+            config.extra_root_certificates.push(Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: pem.clone(),
+            });
+        }
+        oci_client::Client::new(config)
     }
 
     /// The component `origin` names, from the disk cache when it holds it, else fetched (and
@@ -247,9 +259,9 @@ impl Fetcher {
             Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
             None => RegistryAuth::Anonymous,
         };
+        let client = self.oci_client();
         // oci-client checks the manifest against the pinned digest.
-        let (raw, _digest) = self
-            .oci
+        let (raw, _digest) = client
             .pull_manifest_raw(&reference, &auth, &MANIFEST_TYPES)
             .await
             .map_err(oci_error)?;
@@ -273,8 +285,7 @@ impl Fetcher {
             .iter()
             .find(|l| l.digest == format!("sha256:{layer_digest}"))
             .ok_or_else(|| FetchError::new("NotAWasmArtifact", "no wasm layer"))?;
-        let mut stream = self
-            .oci
+        let mut stream = client
             .pull_blob_stream(&reference, layer)
             .await
             .map_err(oci_error)?;

@@ -239,7 +239,12 @@ impl ObjectSource {
                             });
                             false
                         }
-                        (false, Ok(_)) => !state.fetching,
+                        (false, Ok(_)) => {
+                            // One fetch loop per object: marked here, under the lock.
+                            let start = !state.fetching;
+                            state.fetching = true;
+                            start
+                        }
                     }
                 }
                 Err(_) => false,
@@ -304,7 +309,14 @@ impl ObjectSource {
                 }
                 match result {
                     Ok(fetched) => {
-                        let settings_text = spec.settings_toml().ok().flatten();
+                        // The settings and generation of the spec as it is now: a settings change
+                        // made while the fetch ran is not lost.
+                        let current = match &state.spec {
+                            Some(Ok((_, s))) => s.clone(),
+                            _ => spec.clone(),
+                        };
+                        let settings_text = current.settings_toml().ok().flatten();
+                        let generation = state.generation;
                         tracing::info!(
                             plugin_object = %name,
                             source = %origin.shown(),
