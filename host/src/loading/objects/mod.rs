@@ -260,7 +260,7 @@ impl ObjectSource {
     /// the spec stays the same.
     async fn fetch_loop(self: Arc<Self>, name: String) {
         loop {
-            let (origin, spec, generation) = {
+            let (origin, spec) = {
                 let mut objects = lock(&self.objects);
                 let Some(state) = objects.get_mut(&name) else {
                     return;
@@ -278,7 +278,7 @@ impl ObjectSource {
                     return;
                 }
                 state.fetching = true;
-                (origin, spec, state.generation)
+                (origin, spec)
             };
             let result = {
                 let _turn = self.fetch_turns.acquire().await;
