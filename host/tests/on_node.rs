@@ -78,15 +78,7 @@ fn the_dockerfile_and_the_test_image_describe_the_same_image() -> Result<()> {
 
 /// `kubectl kustomize manifests/`, as objects.
 fn render_manifests() -> Result<Vec<Value>> {
-    let text = testenv::kustomize(&testenv::manifests_dir())?;
-    let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v: Value = serde::Deserialize::deserialize(doc)?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
+    common::deploying::yaml_documents(&testenv::kustomize(&testenv::manifests_dir())?)
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -175,36 +174,9 @@ pub async fn documented_deployment(
     );
     std::fs::write(&kustomization, text)?;
 
-    let discovery = wasm_controller_manager::cluster::discovery::Discovery::new(
-        client.clone(),
-        Duration::from_secs(10),
-    );
-    let out = rbac::generate(
-        &rbac::RbacRequest {
-            compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
-            plugins,
-            identity: Default::default(),
-            host_service_account: Some(("wcm-system".into(), "wasm-controller-manager".into())),
-            allow: wasm_controller_manager::cluster::rbac::Allowances {
-                all_namespaces: wasm_controller_manager::cluster::rbac::Allow::plugins([
-                    "pod-counter".to_string(),
-                ]),
-                ..Default::default()
-            },
-        },
-        Some(&discovery),
-    )
-    .await?;
+    let out = crate::common::deploying::deployment_rbac(client, plugins).await?;
     std::fs::write(deploy.join("rbac/generated.yaml"), rbac::render(&out)?)?;
-    let text = testenv::kustomize(&deploy)?;
-    let mut docs = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v: Value = serde::Deserialize::deserialize(doc)?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+    crate::common::deploying::yaml_documents(&testenv::kustomize(&deploy)?)
 }
 
 /// The replica an audit event's User-Agent names: `wasm-controller-manager/VERSION (IDENTITY)`.
