@@ -180,7 +180,7 @@ func serve(o serveOptions) error {
 					s.stop()
 					emit(map[string]any{"event": "stopped"})
 				case "start":
-					if err := s.start(s.addr); err != nil {
+					if err := s.start(""); err != nil {
 						emit(map[string]any{"event": "error", "error": err.Error()})
 					} else {
 						emit(s.ready())
@@ -295,13 +295,16 @@ func newApp(config *configuration.Configuration) (app http.Handler, err error) {
 	return handlers.NewApp(context.Background(), config), nil
 }
 
-// start listens on addr (retrying for a while: the port of a stopped server may be in TIME_WAIT
-// or taken for a moment) and serves.
+// start listens on addr, or again on the address it had when addr is empty (retrying for a
+// while: the port of a stopped server may be held for a moment), and serves.
 func (s *server) start(addr string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv != nil {
 		return nil
+	}
+	if addr == "" {
+		addr = s.addr
 	}
 	var ln net.Listener
 	var err error
