@@ -200,7 +200,10 @@ impl Control {
         match self.lines.recv_timeout(timeout) {
             Ok(line) => Ok(line),
             Err(RecvTimeoutError::Timeout) => {
-                bail!("testenv-registry did not answer within {}s", timeout.as_secs())
+                bail!(
+                    "testenv-registry did not answer within {}s",
+                    timeout.as_secs()
+                )
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let status = self.child.wait().ok();
@@ -452,7 +455,9 @@ impl Registry {
             .as_mut()
             .ok_or_else(|| anyhow!("testenv-registry was already shut down"))?;
         writeln!(stdin, "{cmd}").context("send a command to testenv-registry")?;
-        stdin.flush().context("send a command to testenv-registry")?;
+        stdin
+            .flush()
+            .context("send a command to testenv-registry")?;
         let line = c
             .next_line(COMMAND_TIMEOUT, &self.stderr)
             .with_context(|| format!("testenv-registry {cmd:?}"))?;

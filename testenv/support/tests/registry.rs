@@ -100,7 +100,11 @@ async fn a_pushed_component_is_pulled_back_by_digest_over_tls_and_an_anonymous_p
             .await
             .with_context(|| format!("pull {reference}"))?;
         assert_eq!(pulled, digest, "{layout:?}: the digest the registry names");
-        assert_eq!(sha256(&raw), digest, "{layout:?}: the manifest's own digest");
+        assert_eq!(
+            sha256(&raw),
+            digest,
+            "{layout:?}: the manifest's own digest"
+        );
         let json: Value = serde_json::from_slice(&raw)?;
         assert_eq!(json["mediaType"], OCI_MANIFEST_MEDIA_TYPE, "{json}");
         assert_eq!(json["config"]["mediaType"], config_type, "{json}");
@@ -225,7 +229,11 @@ async fn broken_artifacts_are_broken_as_asked() -> Result<()> {
         .await?;
     let (_, m) = pull(manifest(&two)?).await?;
     assert_eq!(m.layers.len(), 2);
-    assert!(m.layers.iter().all(|l| l.media_type == CNCF_LAYER_MEDIA_TYPE));
+    assert!(
+        m.layers
+            .iter()
+            .all(|l| l.media_type == CNCF_LAYER_MEDIA_TYPE)
+    );
     assert_ne!(m.layers[0].digest, m.layers[1].digest);
 
     let tar = "application/vnd.oci.image.layer.v1.tar";
