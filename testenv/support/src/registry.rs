@@ -361,6 +361,16 @@ impl Registry {
         read_requests(Path::new(&self.info.request_log))
     }
 
+    /// The current end of the request log, for [`Registry::requests_since`].
+    pub fn request_mark(&self) -> Result<usize> {
+        Ok(self.requests()?.len())
+    }
+
+    /// The requests the registry answered after `mark` was taken.
+    pub fn requests_since(&self, mark: usize) -> Result<Vec<RegistryRequest>> {
+        Ok(self.requests()?.into_iter().skip(mark).collect())
+    }
+
     /// Takes the registry down: the listener and every open connection are closed, new
     /// connections are refused. The storage stays.
     pub fn stop(&self) -> Result<()> {

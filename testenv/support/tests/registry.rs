@@ -135,7 +135,7 @@ async fn a_pushed_component_is_pulled_back_by_digest_over_tls_and_an_anonymous_p
     }
 
     // Without credentials: refused, and the registry saw no credentials.
-    let before = registry.requests()?.len();
+    let mark = registry.request_mark()?;
     let anonymous = client(&registry)
         .pull_manifest_raw(
             &references[0],
@@ -149,8 +149,9 @@ async fn a_pushed_component_is_pulled_back_by_digest_over_tls_and_an_anonymous_p
         "/v2/plugins/pod-counter/manifests/{}",
         references[0].digest().context("by digest")?
     );
-    let refused: Vec<_> = requests[before..]
-        .iter()
+    let refused: Vec<_> = registry
+        .requests_since(mark)?
+        .into_iter()
         .filter(|r| r.path == manifest_path)
         .collect();
     assert!(
@@ -174,12 +175,16 @@ async fn a_pushed_component_is_pulled_back_by_digest_over_tls_and_an_anonymous_p
 
     // Down: connections are refused and nothing reaches the log; back: same port, same content.
     registry.stop()?;
-    let before = registry.requests()?.len();
+    let mark = registry.request_mark()?;
     let down = client(&registry)
         .pull_manifest_raw(&references[1], &auth, &[OCI_MANIFEST_MEDIA_TYPE])
         .await;
     assert!(down.is_err(), "a pull from a stopped registry got {down:?}");
-    assert_eq!(registry.requests()?.len(), before);
+    assert_eq!(
+        registry.requests_since(mark)?,
+        vec![],
+        "a stopped registry saw requests"
+    );
     registry.resume()?;
     let (_, digest) = client(&registry)
         .pull_manifest_raw(&references[1], &auth, &[OCI_MANIFEST_MEDIA_TYPE])
