@@ -350,3 +350,37 @@ async fn broken_artifacts_are_broken_as_asked() -> Result<()> {
     assert!(layer == wasm);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_registry_removes_its_storage_when_its_stdin_closes_or_on_sigterm() -> Result<()> {
+    let wasm_path = pod_counter_wasm()?;
+    // Dropping the handle closes the registry's stdin.
+    let registry = Registry::start(RegistryOptions {
+        tls: true,
+        auth: true,
+    })
+    .await?;
+    registry
+        .push(&wasm_path, "plugins/pod-counter", "v1", Layout::Cncf)
+        .await?;
+    let dir = PathBuf::from(&registry.info().dir);
+    assert!(
+        dir.join("storage/docker/registry/v2/repositories/plugins")
+            .is_dir()
+    );
+    drop(registry);
+    assert!(!dir.exists(), "{} is left after EOF", dir.display());
+
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let dir = PathBuf::from(&registry.info().dir);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &registry.info().pid.to_string()])
+        .status()?;
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while dir.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(!dir.exists(), "{} is left after SIGTERM", dir.display());
+    Ok(())
+}
