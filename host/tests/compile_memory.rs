@@ -34,11 +34,7 @@ fn host_binary() -> PathBuf {
 
 /// Every runtime of this test binary compiles in a child of the host binary, as the binary does.
 fn compile_in_children() {
-    compiler::compile_in_child_process(ChildCompile {
-        exe: host_binary(),
-        max_memory: LIMIT_MIB << 20,
-        timeout: compiler::COMPILE_TIMEOUT,
-    });
+    compiler::compile_in_child_process(ChildCompile::new(host_binary(), LIMIT_MIB << 20));
 }
 
 /// Peak resident memory of this process so far, bytes.
@@ -69,11 +65,7 @@ async fn a_compile_in_a_child_process_does_not_raise_the_hosts_peak_memory() -> 
     let _serial = SERIAL.lock().await;
     compile_in_children();
     let wasm = std::fs::read(plugin("typed-pod-noop")?)?;
-    let child = ChildCompile {
-        exe: host_binary(),
-        max_memory: 4 << 30,
-        timeout: compiler::COMPILE_TIMEOUT,
-    };
+    let child = ChildCompile::new(host_binary(), 4 << 30);
     // No cache given: the hand-over goes through a private temporary directory.
     let rt = runtime(Some(child), None)?;
     let before = peak_rss()?;
@@ -119,11 +111,7 @@ fn a_compile_past_its_memory_limit_is_stopped_with_the_reason() -> Result<()> {
     let _serial = SERIAL.blocking_lock();
     compile_in_children();
     let cache = temp_dir("compile-limit-cache")?;
-    let child = ChildCompile {
-        exe: host_binary(),
-        max_memory: 64 << 20,
-        timeout: compiler::COMPILE_TIMEOUT,
-    };
+    let child = ChildCompile::new(host_binary(), 64 << 20);
     let rt = runtime(Some(child), Some(cache.clone()))?;
     let started = std::time::Instant::now();
     let err = match rt.compile(&std::fs::read(plugin("typed-pod-noop")?)?) {
@@ -189,11 +177,7 @@ fn an_artifact_a_compile_child_wrote_is_mapped_by_the_next_host_from_the_cache()
     compile_in_children();
     let cache = temp_dir("compile-reuse-cache")?;
     let wasm = std::fs::read(plugin("noop")?)?;
-    let child = || ChildCompile {
-        exe: host_binary(),
-        max_memory: LIMIT_MIB << 20,
-        timeout: compiler::COMPILE_TIMEOUT,
-    };
+    let child = || ChildCompile::new(host_binary(), LIMIT_MIB << 20);
     let first = runtime(Some(child()), Some(cache.clone()))?.compile(&wasm)?;
     assert!(!first.from_cache && first.compile_peak.is_some());
     // A restarted Pod with the same volume: the artifact passes the cache's checks (this user's,
