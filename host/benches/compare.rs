@@ -384,19 +384,27 @@ fn peak_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
-/// A process's resident memory by kind (RssAnon, RssFile, RssShmem), MiB: the compiled code is
-/// file-backed (mapped from the compile cache), a module's initial memory image is a memfd.
-fn rss_parts(pid: u32) -> [f64; 3] {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
+/// A process's resident memory by kind (RssAnon, RssFile, RssShmem) and its proportional set size
+/// (Pss: a page mapped twice, e.g. one memfd page in two pooled slots, counts once), MiB: the
+/// compiled code is file-backed (mapped from the compile cache), a module's initial memory image is
+/// a memfd.
+fn rss_parts(pid: u32) -> [f64; 4] {
+    let read =
+        |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+    let (status, rollup) = (read("status"), read("smaps_rollup"));
+    let field = |text: &str, name: &str| {
+        text.lines()
             .find(|l| l.starts_with(name))
             .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
             .unwrap_or(0.0)
             / 1024.0
     };
-    [field("RssAnon:"), field("RssFile:"), field("RssShmem:")]
+    [
+        field(&status, "RssAnon:"),
+        field(&status, "RssFile:"),
+        field(&status, "RssShmem:"),
+        field(&rollup, "Pss:"),
+    ]
 }
 
 /// A plugins directory with one file of the test plugin `name`, granted its RBAC.
@@ -674,7 +682,7 @@ async fn python_beside_noop(env: &testenv::TestEnv, client: &kube::Client) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let peak: Vec<f64> = hosts.iter().map(|(_, h, _)| peak_mib(h.pid())).collect();
     let idle: Vec<f64> = hosts.iter().map(|(_, h, _)| rss_mib(h.pid())).collect();
-    let idle_parts: Vec<[f64; 3]> = hosts.iter().map(|(_, h, _)| rss_parts(h.pid())).collect();
+    let idle_parts: Vec<[f64; 4]> = hosts.iter().map(|(_, h, _)| rss_parts(h.pid())).collect();
     let reconciles = |h: &Host, py: &str| {
         testenv::sum_metric(
             &h.metrics(),
@@ -753,7 +761,7 @@ async fn python_beside_noop(env: &testenv::TestEnv, client: &kube::Client) {
             )
         })
         .collect();
-    let after_parts: Vec<[f64; 3]> = hosts.iter().map(|(_, h, _)| rss_parts(h.pid())).collect();
+    let after_parts: Vec<[f64; 4]> = hosts.iter().map(|(_, h, _)| rss_parts(h.pid())).collect();
     for (_, h, _) in hosts {
         h.stop();
     }
@@ -792,11 +800,16 @@ async fn python_beside_noop(env: &testenv::TestEnv, client: &kube::Client) {
     }
     println!();
     println!(
-        "| host | idle: anonymous / file-backed / shared (memfd) | after the burst: anonymous / file-backed / shared |"
+        "| host | idle: anonymous / file-backed / shared (memfd) RSS; PSS | after the burst: the same |"
     );
     println!("|---|---|---|");
     for (i, (what, ..)) in rows.iter().enumerate() {
-        let show = |p: [f64; 3]| format!("{:.1} / {:.1} / {:.1} MiB", p[0], p[1], p[2]);
+        let show = |p: [f64; 4]| {
+            format!(
+                "{:.1} / {:.1} / {:.1} MiB; PSS {:.1} MiB",
+                p[0], p[1], p[2], p[3]
+            )
+        };
         println!(
             "| {what} | {} | {} |",
             show(idle_parts[i]),

@@ -600,30 +600,36 @@ exit 1
         let dir = scratch_dir("turn");
         let cancel = CompileCancel::new();
         let started = Instant::now();
-        let err = {
-            // Another compile holds the turn.
-            let _held = ONE_AT_A_TIME
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            std::thread::scope(|s| {
-                let waiting = s.spawn(|| {
-                    compile_in_child(
-                        &Engine::default(),
-                        &fake_child(Duration::from_secs(60)),
-                        EMPTY_COMPONENT,
-                        &dir,
-                        &dir.join("x.cwasm"),
-                        &cancel,
-                    )
-                });
-                std::thread::sleep(Duration::from_millis(100));
-                cancel.cancel();
-                waiting.join().expect("no panic")
-            })
-        }
-        .expect_err("cancelled");
+        let (took, result) = std::thread::scope(|s| {
+            // Another compile holds the turn for 3 s.
+            let (held, holding) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                let _turn = ONE_AT_A_TIME
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let _ = held.send(());
+                std::thread::sleep(Duration::from_secs(3));
+            });
+            let _ = holding.recv();
+            let waiting = s.spawn(|| {
+                let r = compile_in_child(
+                    &Engine::default(),
+                    &fake_child(Duration::from_secs(60)),
+                    EMPTY_COMPONENT,
+                    &dir,
+                    &dir.join("x.cwasm"),
+                    &cancel,
+                );
+                (started.elapsed(), r)
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            cancel.cancel();
+            waiting.join().expect("no panic")
+        });
+        let err = result.expect_err("cancelled");
         assert!(is_cancelled(&err), "{err:#}");
-        assert!(started.elapsed() < Duration::from_secs(5));
+        // It left as it was cancelled, not when the turn came.
+        assert!(took < Duration::from_secs(2), "took {took:?}");
         assert!(!dir.join("pid").exists(), "the compile child ran");
         let _ = std::fs::remove_dir_all(&dir);
     }
