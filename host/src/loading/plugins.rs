@@ -559,8 +559,10 @@ impl PluginManager {
         };
         // A file being loaded that changed or went meanwhile is looked at again once its load ends.
         for (stem, l) in lock(&self.loading).iter_mut() {
-            l.changed |= on_disk.get(stem) != Some(&l.disk);
-            if l.changed {
+            let now = on_disk.get(stem);
+            l.changed |= now != Some(&l.disk);
+            // Other bytes, or no file: its compile is of no use (a changed NAME.toml alone keeps it).
+            if now.is_none_or(|d| d.wasm_sha != l.disk.wasm_sha) {
                 l.cancel_compile.cancel();
             }
         }

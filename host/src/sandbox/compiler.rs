@@ -255,7 +255,14 @@ pub(super) fn compile_in_child(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let data_limit = c.data_limit as libc::rlim_t;
+    // Never above the hard limit this process already has (raising it would need privilege).
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: fills the struct it is given.
+    unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut current) };
+    let data_limit = (c.data_limit as libc::rlim_t).min(current.rlim_max);
     // SAFETY: between fork and exec only async-signal-safe calls (prctl, setrlimit, open, write,
     // close) on memory prepared before the fork. The thread that spawns the child waits for it
     // below, so the death signal comes only if that thread (or this process) dies.
