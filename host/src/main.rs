@@ -671,6 +671,9 @@ fn main() -> ExitCode {
             cli.max_compile_memory_mb << 20,
         ),
     );
+    if matches!(cli.command, Command::Run(_)) {
+        wasm_controller_manager::sandbox::compiler::forbid_in_process_fallback();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -93,6 +93,12 @@ pub fn load_or_compile(
 ) -> Result<Loaded> {
     let euid = match effective_uid() {
         Ok(uid) => uid,
+        Err(e) if child.is_some() && !compiler::in_process_fallback_allowed() => {
+            anyhow::bail!(
+                "cannot tell this process's uid ({e:#}), so neither a cached artifact's owner nor a \
+                 compile child's memory can be checked; the host never compiles in its own process"
+            )
+        }
         Err(e) => {
             // Without /proc neither the artifact's owner nor a child's memory can be checked.
             tracing::warn!(
@@ -243,6 +249,17 @@ fn compile_through_private_dir(
 ) -> Result<Loaded> {
     let dir = match make_private_dir() {
         Ok(d) => d,
+        Err(e) if !compiler::in_process_fallback_allowed() => {
+            // `run`: a compile in this process would keep its peak for good, unbounded. The plugin
+            // is refused with what to give instead.
+            anyhow::bail!(
+                "no directory to hand the compiled plugin over: --compile-cache is missing, refused, \
+                 full or read-only, and no private directory could be made in {} ({e}); the host \
+                 never compiles in its own process: set TMPDIR or --compile-cache to a writable \
+                 directory of its own",
+                std::env::temp_dir().display()
+            )
+        }
         Err(e) => {
             // E.g. `inspect` run in the Pod, whose root (and /tmp) is read-only: better a compile in
             // this short-lived process than none.

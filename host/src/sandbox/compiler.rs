@@ -157,6 +157,23 @@ pub fn compile_in_child_process(c: ChildCompile) {
     let _ = PROCESS_DEFAULT.set(c);
 }
 
+/// Whether a compile may fall back to this process when no directory can take a child's artifact:
+/// yes for the short-lived commands (`inspect`, `rbac`, `replay`: better a compile than none, and
+/// the process ends), never for `run`, whose memory would keep the compile's peak for good and
+/// have none of the child's bounds.
+static IN_PROCESS_FALLBACK: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
+/// Refuses the in-process fallback for the rest of this process (`run`).
+pub fn forbid_in_process_fallback() {
+    IN_PROCESS_FALLBACK.store(false, std::sync::atomic::Ordering::Release);
+}
+
+/// See [`forbid_in_process_fallback`].
+pub fn in_process_fallback_allowed() -> bool {
+    IN_PROCESS_FALLBACK.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// The process-wide choice, for `RuntimeSettings::default`.
 pub fn process_default() -> Option<ChildCompile> {
     PROCESS_DEFAULT.get().cloned()
@@ -606,7 +623,6 @@ exit 1
     fn a_cancelled_compile_waiting_for_its_turn_never_starts() {
         let dir = scratch_dir("turn");
         let cancel = CompileCancel::new();
-        let started = Instant::now();
         let (took, result) = std::thread::scope(|s| {
             // Another compile holds the turn for 3 s.
             let (held, holding) = std::sync::mpsc::channel();
@@ -618,14 +634,17 @@ exit 1
                 std::thread::sleep(Duration::from_secs(3));
             });
             let _ = holding.recv();
-            let waiting = s.spawn(|| {
+            // From the moment the turn is held (other tests may have held it before).
+            let started = Instant::now();
+            let (dir, cancel) = (&dir, &cancel);
+            let waiting = s.spawn(move || {
                 let r = compile_in_child(
                     &Engine::default(),
                     &fake_child(Duration::from_secs(60)),
                     EMPTY_COMPONENT,
-                    &dir,
+                    dir,
                     &dir.join("x.cwasm"),
-                    &cancel,
+                    cancel,
                 );
                 (started.elapsed(), r)
             });

@@ -298,9 +298,15 @@ fn bare_container_id(container_id: &str) -> Result<&str> {
 }
 
 fn find_dir(root: &Path, name: &str) -> Result<Option<PathBuf>> {
-    for entry in std::fs::read_dir(root)? {
-        let entry = entry?;
-        if !entry.file_type()?.is_dir() {
+    // The kubelet removes Pods' cgroups at any time: a directory gone during the walk is skipped.
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { continue };
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
         if entry.file_name() == name {
