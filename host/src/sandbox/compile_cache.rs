@@ -617,31 +617,27 @@ mod tests {
             .expect("serialize");
         std::fs::write(&path, &genuine).expect("plant");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        let (_, from_cache) = load_or_compile(
-            &engine,
-            Some(&t.cache()),
-            &sha,
-            EMPTY_COMPONENT,
-            None,
-            &CompileCancel::new(),
-        )
-        .map(|l| ((), l.from_cache))
-        .expect("compiles");
+        let from_cache = loaded_from_cache(&engine, &t.cache(), &sha);
         assert!(!from_cache, "a group/world-writable artifact was loaded");
         // Compiled and stored again, privately: the next load uses it.
         let meta = std::fs::symlink_metadata(&path).expect("stat");
         assert_eq!(meta.mode() & 0o777, 0o600);
-        let (_, from_cache) = load_or_compile(
-            &engine,
-            Some(&t.cache()),
-            &sha,
+        let from_cache = loaded_from_cache(&engine, &t.cache(), &sha);
+        assert!(from_cache);
+    }
+
+    /// Loads `EMPTY_COMPONENT` in this process through the cache `dir`: whether it came from it.
+    fn loaded_from_cache(engine: &Engine, dir: &Path, sha: &str) -> bool {
+        load_or_compile(
+            engine,
+            Some(dir),
+            sha,
             EMPTY_COMPONENT,
             None,
             &CompileCancel::new(),
         )
-        .map(|l| ((), l.from_cache))
-        .expect("loads");
-        assert!(from_cache);
+        .expect("compiles or loads")
+        .from_cache
     }
 
     #[test]
@@ -652,16 +648,7 @@ mod tests {
         prepare_dir(&t.cache(), euid()).expect("prepare");
         std::fs::set_permissions(t.cache(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         for _ in 0..2 {
-            let (_, from_cache) = load_or_compile(
-                &engine,
-                Some(&t.cache()),
-                &sha,
-                EMPTY_COMPONENT,
-                None,
-                &CompileCancel::new(),
-            )
-            .map(|l| ((), l.from_cache))
-            .expect("compiles");
+            let from_cache = loaded_from_cache(&engine, &t.cache(), &sha);
             assert!(!from_cache);
         }
         assert_eq!(std::fs::read_dir(t.cache()).expect("ls").count(), 0);
