@@ -18,9 +18,15 @@
 //!    with `noop`: peak and idle RSS once loaded, RSS after a burst of 2,000 Pods, CPU per event,
 //!    the compile child's peak; and the compile peak of each shipped plugin (`inspect`, no cache).
 //!    `--typed-only` runs this phase alone.
+//! 4. The Python plugin (`config-reloader`, CPython inside the component), run right after phase
+//!    0: a host with `noop` alone, and hosts with `noop` plus the config-reloader warm (`isolation = "worker"`, what it
+//!    declares) and fresh (`isolation = "call"`), from a warm compile cache: RSS once loaded (the
+//!    marginal memory of a loaded Python plugin), then a burst of 1,000 labelled Deployments that
+//!    each reconciles once (no write: the Deployments carry the hash of their missing ConfigMaps):
+//!    CPU and reconcile time per event, RSS after. About a minute. `--python-only` runs it alone.
 //!
 //! Run: `scripts/bench-compare` (builds the plugins, then
-//! `cargo bench -p wasm-controller-manager --bench compare`; about 5 minutes; prints a report).
+//! `cargo bench -p wasm-controller-manager --bench compare`; about 6 minutes; prints a report).
 
 mod common;
 
@@ -46,6 +52,7 @@ const PACED_PER_SECOND: f64 = 200.0;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let typed_only = args.iter().any(|a| a == "--typed-only");
+    let python_only = args.iter().any(|a| a == "--python-only");
     if let Some(i) = args.iter().position(|a| a == "--native-baseline") {
         let kubeconfig = args.get(i + 1).expect("--native-baseline KUBECONFIG");
         native_baseline(Path::new(kubeconfig));
@@ -56,7 +63,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(typed_only));
+    rt.block_on(run(typed_only, python_only));
 }
 
 /// The native baseline: a kube-runtime `Controller` over every Pod with a no-op reconcile, on a
@@ -377,6 +384,29 @@ fn peak_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
+/// A process's resident memory by kind (RssAnon, RssFile, RssShmem) and its proportional set size
+/// (Pss: a page mapped twice, e.g. one memfd page in two pooled slots, counts once), MiB: the
+/// compiled code is file-backed (mapped from the compile cache), a module's initial memory image is
+/// a memfd.
+fn rss_parts(pid: u32) -> [f64; 4] {
+    let read =
+        |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+    let (status, rollup) = (read("status"), read("smaps_rollup"));
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    [
+        field(&status, "RssAnon:"),
+        field(&status, "RssFile:"),
+        field(&status, "RssShmem:"),
+        field(&rollup, "Pss:"),
+    ]
+}
+
 /// A plugins directory with one file of the test plugin `name`, granted its RBAC.
 async fn single_plugin_dir(env: &testenv::TestEnv, tag: &str, name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("wcm-bench-compare-{}-{tag}", std::process::id()));
@@ -586,14 +616,224 @@ async fn typed_beside_noop(env: &testenv::TestEnv, client: &kube::Client) {
     }
 }
 
-async fn run(typed_only: bool) {
+/// Deployments in the Python phase.
+const DEPLOYMENTS: usize = 1000;
+
+/// The languages bench's Deployment (three ConfigMaps referenced, none of which exists; its template
+/// carries the hash of exactly that), as `name` in `ns`.
+fn deployment(ns: &str, name: &str) -> k8s_openapi::api::apps::v1::Deployment {
+    let mut v: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/deployment.json")).expect("fixture");
+    v.as_object_mut().map(|o| o.remove("status"));
+    v["metadata"] = serde_json::json!({
+        "name": name,
+        "namespace": ns,
+        "labels": {"app": "web", "config-reloader.wcm.io/enabled": "true"},
+    });
+    serde_json::from_value(v).expect("a Deployment")
+}
+
+/// The Python config-reloader beside `noop`, in one run: its marginal memory once loaded, and its
+/// cost per event warm (`isolation = "worker"`) and fresh (`isolation = "call"`).
+async fn python_beside_noop(env: &testenv::TestEnv, client: &kube::Client) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let plain = noop_dir(env, "pnoop", 1, "").await;
+    let with_python = |tag: &'static str, isolation: &'static str| async move {
+        let dir = noop_dir(env, &format!("{tag}-noop"), 1, "").await;
+        std::fs::copy(artifact("config_reloader"), dir.join(format!("{tag}.wasm")))
+            .expect("copy the config-reloader");
+        std::fs::write(
+            dir.join(format!("{tag}.toml")),
+            format!("name = \"{tag}\"\nisolation = \"{isolation}\"\n"),
+        )
+        .expect("NAME.toml");
+        // Granted (and compiled into the bench's compile cache: every host maps it from there).
+        granted(env, &dir).await;
+        dir
+    };
+    let warm_dir = with_python("pyw", "worker").await;
+    let fresh_dir = with_python("pyc", "call").await;
+    let compile_line = "warn,wasm_controller_manager::sandbox=info";
+    let hosts = [
+        (
+            "host, `noop`",
+            Host::start_logging(env, &plain, "pnoop", compile_line),
+            None,
+        ),
+        (
+            "host, `noop` + config-reloader, `isolation = \"worker\"` (declared)",
+            Host::start_logging(env, &warm_dir, "pyw", compile_line),
+            Some("pyw"),
+        ),
+        (
+            "host, `noop` + config-reloader, `isolation = \"call\"` (fresh instance)",
+            Host::start_logging(env, &fresh_dir, "pyc", compile_line),
+            Some("pyc"),
+        ),
+    ];
+    let started = Instant::now();
+    wait_until("the python hosts running", Duration::from_secs(300), || {
+        hosts
+            .iter()
+            .all(|(_, h, py)| h.running_plugins() > usize::from(py.is_some()))
+    })
+    .await;
+    let load_wall = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak: Vec<f64> = hosts.iter().map(|(_, h, _)| peak_mib(h.pid())).collect();
+    let idle: Vec<f64> = hosts.iter().map(|(_, h, _)| rss_mib(h.pid())).collect();
+    let idle_parts: Vec<[f64; 4]> = hosts.iter().map(|(_, h, _)| rss_parts(h.pid())).collect();
+    let reconciles = |h: &Host, py: &str| {
+        testenv::sum_metric(
+            &h.metrics(),
+            "controller_runtime_reconcile_total",
+            &[("controller", py)],
+        )
+    };
+    let reconcile_time = |h: &Host, py: &str| {
+        let m = h.metrics();
+        let labels = [("controller", py)];
+        (
+            testenv::sum_metric(&m, "controller_runtime_reconcile_time_seconds_sum", &labels),
+            testenv::sum_metric(
+                &m,
+                "controller_runtime_reconcile_time_seconds_count",
+                &labels,
+            ),
+        )
+    };
+    let r0: Vec<f64> = hosts
+        .iter()
+        .map(|(_, h, py)| py.map_or(0.0, |py| reconciles(h, py)))
+        .collect();
+    let t0: Vec<(f64, f64)> = hosts
+        .iter()
+        .map(|(_, h, py)| py.map_or((0.0, 0.0), |py| reconcile_time(h, py)))
+        .collect();
+    let cpu0: Vec<f64> = hosts.iter().map(|(_, h, _)| cpu_seconds(h.pid())).collect();
+    let ns = env.namespace("bench-python").await.expect("ns").name;
+    let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let created = Instant::now();
+    futures::stream::iter(0..DEPLOYMENTS)
+        .map(|i| {
+            let (api, d) = (api.clone(), deployment(&ns, &format!("d-{i}")));
+            async move {
+                for _ in 0..5 {
+                    if api.create(&Default::default(), &d).await.is_ok() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                panic!("could not create a Deployment");
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+    let created = created.elapsed();
+    wait_until(
+        "the config-reloaders reconciled the Deployments",
+        Duration::from_secs(300),
+        || {
+            hosts.iter().zip(&r0).all(|((_, h, py), r)| {
+                py.is_none_or(|py| reconciles(h, py) >= r + DEPLOYMENTS as f64)
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows: Vec<_> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, (what, h, py))| {
+            let (sum, count) = py.map_or((0.0, 0.0), |py| reconcile_time(h, py));
+            let per_reconcile = (count > t0[i].1).then(|| (sum - t0[i].0) / (count - t0[i].1));
+            let n = py.map_or(0.0, |py| reconciles(h, py) - r0[i]);
+            (
+                *what,
+                peak[i],
+                idle[i],
+                rss_mib(h.pid()),
+                cpu_seconds(h.pid()) - cpu0[i],
+                per_reconcile,
+                n,
+                child_compile_peaks(&h.log).into_iter().reduce(f64::max),
+            )
+        })
+        .collect();
+    let after_parts: Vec<[f64; 4]> = hosts.iter().map(|(_, h, _)| rss_parts(h.pid())).collect();
+    for (_, h, _) in hosts {
+        h.stop();
+    }
+    println!();
+    println!(
+        "python beside noop: hosts loaded (from the compile cache) in {:.1} s; {DEPLOYMENTS} Deployments created in {:.2} s",
+        load_wall.as_secs_f64(),
+        created.as_secs_f64()
+    );
+    println!();
+    println!(
+        "| host | RSS peak | RSS idle, loaded | Python's marginal RSS, loaded | RSS after the burst | reconciles | CPU per event | reconcile time per event | compiled in a child |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (what, peak, idle, after, cpu, per_reconcile, n, child) in &rows {
+        let noop_idle = rows[0].2;
+        println!(
+            "| {what} | {peak:.1} MiB | {idle:.1} MiB | {} | {after:.1} MiB | {n:.0} | {} | {} | {} |",
+            if *n > 0.0 {
+                format!("{:.1} MiB", idle - noop_idle)
+            } else {
+                "—".into()
+            },
+            if *n > 0.0 {
+                format!("{:.0} µs", cpu / DEPLOYMENTS as f64 * 1e6)
+            } else {
+                format!("({:.2} s over the burst)", cpu)
+            },
+            per_reconcile
+                .map(|s| format!("{:.0} µs", s * 1e6))
+                .unwrap_or_else(|| "—".into()),
+            child
+                .map(|p| format!("{p:.0} MiB"))
+                .unwrap_or_else(|| "no (cache)".into())
+        );
+    }
+    println!();
+    println!(
+        "| host | idle: anonymous / file-backed / shared (memfd) RSS; PSS | after the burst: the same |"
+    );
+    println!("|---|---|---|");
+    for (i, (what, ..)) in rows.iter().enumerate() {
+        let show = |p: [f64; 4]| {
+            format!(
+                "{:.1} / {:.1} / {:.1} MiB; PSS {:.1} MiB",
+                p[0], p[1], p[2], p[3]
+            )
+        };
+        println!(
+            "| {what} | {} | {} |",
+            show(idle_parts[i]),
+            show(after_parts[i])
+        );
+    }
+    for d in [&plain, &warm_dir, &fresh_dir] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+async fn run(typed_only: bool, python_only: bool) {
     let env = testenv::TestEnv::shared().await.expect("test cluster");
     let client = env.client().await.expect("client");
+    if python_only {
+        python_beside_noop(env, &client).await;
+        return;
+    }
     // Phase 0, first: the typed plugin beside noop, and each shipped plugin's compile peak.
     typed_beside_noop(env, &client).await;
     if typed_only {
         return;
     }
+    python_beside_noop(env, &client).await;
     println!(
         "machine: {} cores; {PODS} pods per burst, {CONCURRENCY} creates in flight; host {}",
         std::thread::available_parallelism()

@@ -87,8 +87,9 @@ pub struct Manager {
     crd_task: tokio::task::JoinHandle<()>,
     http_task: Option<tokio::task::JoinHandle<()>>,
     health_task: Option<tokio::task::JoinHandle<()>>,
-    reach_task: tokio::task::JoinHandle<()>,
     object_tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Stopped when the manager stops or is dropped.
+    _reach_task: crate::cluster::reach::ReachTask,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
     /// What the workers see: true while this replica may reconcile.
@@ -306,8 +307,8 @@ impl Manager {
             crd_task,
             http_task,
             health_task,
-            reach_task,
             object_tasks,
+            _reach_task: reach_task,
             metrics_addr,
             health_addr,
             gate,
@@ -338,7 +339,6 @@ impl Manager {
             t.abort();
         }
         self.plugins.stop_all().await;
-        self.reach_task.abort();
         for t in [self.http_task, self.health_task].into_iter().flatten() {
             t.abort();
         }

@@ -31,7 +31,9 @@ struct Cli {
     log_json: bool,
     /// Plugins are compiled in a short-lived child process of this binary, one at a time, so the
     /// compile's memory is given back when it exits; a compile whose peak RSS passes this many
-    /// MiB is stopped, and that plugin fails with the reason.
+    /// MiB is stopped, and that plugin fails with the reason. The child's data segment is also
+    /// limited to twice this (RLIMIT_DATA), and it is the kernel's first choice should memory run
+    /// out (oom_score_adj 1000).
     #[arg(
         long,
         env = "WCM_MAX_COMPILE_MEMORY_MB",
@@ -726,6 +728,9 @@ fn main() -> ExitCode {
             cli.max_compile_memory_mb << 20,
         ),
     );
+    if matches!(cli.command, Command::Run(_)) {
+        wasm_controller_manager::sandbox::compiler::forbid_in_process_fallback();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

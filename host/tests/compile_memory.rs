@@ -34,11 +34,7 @@ fn host_binary() -> PathBuf {
 
 /// Every runtime of this test binary compiles in a child of the host binary, as the binary does.
 fn compile_in_children() {
-    compiler::compile_in_child_process(ChildCompile {
-        exe: host_binary(),
-        max_memory: LIMIT_MIB << 20,
-        timeout: compiler::COMPILE_TIMEOUT,
-    });
+    compiler::compile_in_child_process(ChildCompile::new(host_binary(), LIMIT_MIB << 20));
 }
 
 /// Peak resident memory of this process so far, bytes.
@@ -69,13 +65,10 @@ async fn a_compile_in_a_child_process_does_not_raise_the_hosts_peak_memory() -> 
     let _serial = SERIAL.lock().await;
     compile_in_children();
     let wasm = std::fs::read(plugin("typed-pod-noop")?)?;
-    let child = ChildCompile {
-        exe: host_binary(),
-        max_memory: 4 << 30,
-        timeout: compiler::COMPILE_TIMEOUT,
-    };
+    let child = ChildCompile::new(host_binary(), 4 << 30);
     // No cache given: the hand-over goes through a private temporary directory.
     let rt = runtime(Some(child), None)?;
+    let hand_overs_before = hand_over_dirs()?;
     let before = peak_rss()?;
     let compiled = rt.compile(&wasm)?;
     let grew = peak_rss()?.saturating_sub(before);
@@ -102,16 +95,22 @@ async fn a_compile_in_a_child_process_does_not_raise_the_hosts_peak_memory() -> 
         .await?;
     assert_eq!(d.name, "typed-pod-noop");
     // The private hand-over directory is gone.
-    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())?
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("wcm-compile-{}-", std::process::id()))
-        })
+    let left: Vec<_> = hand_over_dirs()?
+        .difference(&hand_overs_before)
+        .cloned()
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     Ok(())
+}
+
+/// The private hand-over directories in the temporary directory now (`wcm-compile-` and a random
+/// name).
+fn hand_over_dirs() -> Result<std::collections::HashSet<std::ffi::OsString>> {
+    Ok(std::fs::read_dir(std::env::temp_dir())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("wcm-compile-"))
+        .collect())
 }
 
 #[test]
@@ -119,11 +118,7 @@ fn a_compile_past_its_memory_limit_is_stopped_with_the_reason() -> Result<()> {
     let _serial = SERIAL.blocking_lock();
     compile_in_children();
     let cache = temp_dir("compile-limit-cache")?;
-    let child = ChildCompile {
-        exe: host_binary(),
-        max_memory: 64 << 20,
-        timeout: compiler::COMPILE_TIMEOUT,
-    };
+    let child = ChildCompile::new(host_binary(), 64 << 20);
     let rt = runtime(Some(child), Some(cache.clone()))?;
     let started = std::time::Instant::now();
     let err = match rt.compile(&std::fs::read(plugin("typed-pod-noop")?)?) {
@@ -189,11 +184,7 @@ fn an_artifact_a_compile_child_wrote_is_mapped_by_the_next_host_from_the_cache()
     compile_in_children();
     let cache = temp_dir("compile-reuse-cache")?;
     let wasm = std::fs::read(plugin("noop")?)?;
-    let child = || ChildCompile {
-        exe: host_binary(),
-        max_memory: LIMIT_MIB << 20,
-        timeout: compiler::COMPILE_TIMEOUT,
-    };
+    let child = || ChildCompile::new(host_binary(), LIMIT_MIB << 20);
     let first = runtime(Some(child()), Some(cache.clone()))?.compile(&wasm)?;
     assert!(!first.from_cache && first.compile_peak.is_some());
     // A restarted Pod with the same volume: the artifact passes the cache's checks (this user's,
@@ -202,5 +193,135 @@ fn an_artifact_a_compile_child_wrote_is_mapped_by_the_next_host_from_the_cache()
     assert!(again.from_cache, "not taken from the cache");
     assert_eq!(again.compile_peak, None);
     let _ = std::fs::remove_dir_all(&cache);
+    Ok(())
+}
+
+#[test]
+fn a_compile_past_its_data_limit_fails_with_the_memory_reason() -> Result<()> {
+    let _serial = SERIAL.blocking_lock();
+    compile_in_children();
+    let cache = temp_dir("compile-data-limit-cache")?;
+    // The poll would let it through (4 GiB); the hard RLIMIT_DATA does not.
+    let child = ChildCompile {
+        data_limit: 64 << 20,
+        ..ChildCompile::new(host_binary(), 4 << 30)
+    };
+    let rt = runtime(Some(child), Some(cache.clone()))?;
+    let err = match rt.compile(&std::fs::read(plugin("typed-pod-noop")?)?) {
+        Ok(_) => anyhow::bail!("typed-pod-noop compiled within 64 MiB of data"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("more than the compile process may reserve (64 MiB of data"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&cache)?.collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&cache);
+    Ok(())
+}
+
+#[test]
+fn the_default_data_limit_lets_the_largest_shipped_compiles_through() -> Result<()> {
+    let _serial = SERIAL.blocking_lock();
+    compile_in_children();
+    // --max-compile-memory-mb's default, and the data limit that follows from it.
+    let child = ChildCompile::new(host_binary(), compiler::DEFAULT_MAX_COMPILE_MEMORY_MB << 20);
+    assert_eq!(
+        child.data_limit,
+        2 * (compiler::DEFAULT_MAX_COMPILE_MEMORY_MB << 20)
+    );
+    for name in ["typed-pod-noop", "config_reloader"] {
+        let rt = runtime(Some(child.clone()), None)?;
+        let compiled = rt.compile(&std::fs::read(plugin(name)?)?)?;
+        eprintln!(
+            "{name}: compiled, the child's peak {:?} MiB",
+            compiled.compile_peak.map(|p| p >> 20)
+        );
+        assert!(compiled.compile_peak.is_some());
+    }
+    Ok(())
+}
+
+/// A tmpfs of `size` mounted at a new directory, unmounted when dropped.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(size: &str) -> Result<SmallFs> {
+        let dir = temp_dir("compile-small-fs")?;
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mount a tmpfs (this test needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(SmallFs(dir))
+    }
+
+    fn remount_read_only(&self) -> Result<()> {
+        let out = std::process::Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.0)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_full_or_read_only_compile_cache_hands_the_artifact_over_through_a_private_directory()
+-> Result<()> {
+    let _serial = SERIAL.blocking_lock();
+    // SAFETY: a plain syscall with no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a small file system needs root");
+        return Ok(());
+    }
+    compile_in_children();
+    let wasm = std::fs::read(plugin("noop")?)?;
+    // 64 KiB: the cache directory fits, `noop`'s artifact does not.
+    let fs = SmallFs::mount("64k")?;
+    let cache = fs.0.join("cache");
+    let child = ChildCompile::new(host_binary(), LIMIT_MIB << 20);
+    let full = runtime(Some(child.clone()), Some(cache.clone()))?.compile(&wasm)?;
+    assert!(!full.from_cache && full.compile_peak.is_some());
+    // Nothing half-written is left in the cache.
+    let left: Vec<_> = std::fs::read_dir(&cache)?.collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The plugin works: what was mapped is `noop`.
+    let rt = runtime(Some(child.clone()), Some(cache.clone()))?;
+    let d = tokio::runtime::Runtime::new()?.block_on(rt.describe(
+        &rt.compile(&wasm)?,
+        Arc::new(Services::for_describe("t", Default::default())),
+        &Limits::default(),
+    ))?;
+    assert_eq!(d.name, "noop");
+
+    fs.remount_read_only()?;
+    let read_only = runtime(Some(child), Some(cache.clone()))?.compile(&wasm)?;
+    assert!(!read_only.from_cache && read_only.compile_peak.is_some());
     Ok(())
 }

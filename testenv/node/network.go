@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,16 @@ func (n *node) startNetwork() error {
 	}
 	if ip := net.ParseIP(n.clusterIP); ip == nil || ip.To4() == nil {
 		return fmt.Errorf("the kubernetes Service's ClusterIP %q is not IPv4", n.clusterIP)
+	}
+	// The bridge's addresses are local to the whole machine, and Linux answers ARP for a local
+	// address on any interface by default: a neighbour on the machine's own network asking for
+	// 10.0.0.1 (a common gateway) would get this machine's MAC. arp_ignore=1 answers only on the
+	// interface that holds the address (the bridge), arp_announce=2 never uses it as the source of
+	// an ARP request elsewhere. Put back at stop (kernelSettings).
+	for k, v := range map[string]string{"net/ipv4/conf/all/arp_ignore": "1", "net/ipv4/conf/all/arp_announce": "2"} {
+		if err := os.WriteFile(filepath.Join("/proc/sys", k), []byte(v), 0o644); err != nil {
+			return fmt.Errorf("set %s=%s: %w", k, v, err)
+		}
 	}
 	for _, args := range [][]string{
 		{"link", "add", bridgeName, "type", "bridge"},

@@ -37,11 +37,12 @@ const (
 	containerdRunDir = "/run/containerd" // shim sockets (s/) and runc state (runc/)
 )
 
-// kernelSettings are the sysctls kubelet sets when protectKernelDefaults is false; the node puts
-// back what they were.
+// kernelSettings are the sysctls kubelet sets when protectKernelDefaults is false, and the ARP
+// settings startNetwork sets; the node puts back what they were.
 var kernelSettings = []string{
 	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+	"net/ipv4/conf/all/arp_ignore", "net/ipv4/conf/all/arp_announce",
 }
 
 type part struct {

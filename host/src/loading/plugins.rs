@@ -273,6 +273,9 @@ struct Loading {
     changed: bool,
     /// To cancel the load at shutdown.
     abort: Option<tokio::task::AbortHandle>,
+    /// Stops its compile once the file changed or went: the one-compile lock is not held for
+    /// content no one wants any more.
+    cancel_compile: crate::sandbox::compiler::CompileCancel,
 }
 
 /// Ends a load's bookkeeping however the load ends (a panic included): the file is no longer
@@ -565,7 +568,12 @@ impl PluginManager {
         };
         // A file being loaded that changed or went meanwhile is looked at again once its load ends.
         for (stem, l) in lock(&self.loading).iter_mut() {
-            l.changed |= on_disk.get(stem) != Some(&l.disk);
+            let now = on_disk.get(stem);
+            l.changed |= now != Some(&l.disk);
+            // Other bytes, or no file: its compile is of no use (a changed NAME.toml alone keeps it).
+            if now.is_none_or(|d| d.wasm_sha != l.disk.wasm_sha) {
+                l.cancel_compile.cancel();
+            }
         }
         // Removed files.
         let gone: Vec<String> = {
@@ -646,6 +654,7 @@ impl PluginManager {
                         disk: disk.clone(),
                         changed: false,
                         abort: None,
+                        cancel_compile: Default::default(),
                     },
                 );
             }
@@ -729,6 +738,11 @@ impl PluginManager {
                         message,
                     },
                 );
+            }
+            // The file changed or went while it compiled: nothing to record for this content; the
+            // rescan that follows this load looks at the file as it is now.
+            Err(LoadError::Refused(e)) if crate::sandbox::compiler::is_cancelled(&e) => {
+                tracing::info!(file = %disk.wasm.display(), "compile cancelled: the file changed or was removed meanwhile");
             }
             Err(LoadError::Refused(e)) => {
                 // Compiler and describe errors can quote the component's own names and

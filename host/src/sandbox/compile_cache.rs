@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::compiler::{self, ChildCompile};
+use super::compiler::{self, ChildCompile, CompileCancel};
 use crate::safe_fs::{ELOOP, kind_of, open_no_follow};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -80,17 +80,25 @@ impl Loaded {
 
 /// Loads the precompiled artifact if there is one this host wrote, else compiles and stores it:
 /// in a child process when `child` is given (the artifact is then mapped from the file the child
-/// wrote, under the same checks as a cached one; without a usable cache directory the hand-over
-/// goes through a private temporary directory), else in this process.
+/// wrote, under the same checks as a cached one; without a usable cache directory, or with one that
+/// is read-only or full, the hand-over goes through a private temporary directory), else in this
+/// process. `cancel` stops a compile child that is no longer wanted.
 pub fn load_or_compile(
     engine: &Engine,
     dir: Option<&Path>,
     sha256: &str,
     wasm: &[u8],
     child: Option<&ChildCompile>,
+    cancel: &CompileCancel,
 ) -> Result<Loaded> {
     let euid = match effective_uid() {
         Ok(uid) => uid,
+        Err(e) if child.is_some() && !compiler::in_process_fallback_allowed() => {
+            anyhow::bail!(
+                "cannot tell this process's uid ({e:#}), so neither a cached artifact's owner nor a \
+                 compile child's memory can be checked; the host never compiles in its own process"
+            )
+        }
         Err(e) => {
             // Without /proc neither the artifact's owner nor a child's memory can be checked.
             tracing::warn!(
@@ -109,7 +117,7 @@ pub fn load_or_compile(
     };
     let Some(dir) = dir else {
         return match child {
-            Some(c) => compile_through_private_dir(engine, c, euid, wasm),
+            Some(c) => compile_through_private_dir(engine, c, euid, wasm, cancel),
             None => Ok(Loaded::compiled_here(compile(engine, wasm)?)),
         };
     };
@@ -133,14 +141,27 @@ pub fn load_or_compile(
         }
     }
     if let Some(c) = child {
+        if read_only(dir) {
+            // Artifacts put there beforehand are used (above); a new one cannot be kept.
+            tracing::warn!(dir = %dir.display(), "the compile cache is read-only: this compile is handed over through a private directory and not kept");
+            return compile_through_private_dir(engine, c, euid, wasm, cancel);
+        }
         // The child writes the artifact by `write_artifact` (a new private file renamed into
         // place, so a refused file is replaced, never written through).
-        let peak = compiler::compile_in_child(engine, c, wasm, dir, &path)?;
-        return Ok(Loaded {
-            component: load_written(engine, &path, euid)?,
-            from_cache: false,
-            compile_peak: Some(peak),
-        });
+        return match compiler::compile_in_child(engine, c, wasm, dir, &path, cancel) {
+            Ok(peak) => Ok(Loaded {
+                component: load_written(engine, &path, euid)?,
+                from_cache: false,
+                compile_peak: Some(peak),
+            }),
+            // A full cache (or one that became read-only): compiled again, through a private
+            // directory, rather than the plugin failing for want of disk.
+            Err(e) if compiler::is_not_written(&e) => {
+                tracing::warn!(dir = %dir.display(), "the compile cache could not take the artifact ({e:#}): compiling again through a private directory");
+                compile_through_private_dir(engine, c, euid, wasm, cancel)
+            }
+            Err(e) => Err(e),
+        };
     }
     let component = compile(engine, wasm)?;
     // Replaces a refused file too: the rename swaps the directory entry, never writes through it.
@@ -174,37 +195,87 @@ fn load_written(engine: &Engine, path: &Path, euid: u32) -> Result<Component> {
     map_checked(engine, &file)
 }
 
+/// Whether the file system of `dir` is mounted read-only.
+fn read_only(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path and a zeroed struct the call fills.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0
+    }
+}
+
+/// 128 random bits from the kernel, in hex.
+fn random_name() -> Result<String> {
+    let mut buf = [0u8; 16];
+    // SAFETY: writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    anyhow::ensure!(
+        n == buf.len() as isize,
+        "getrandom: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Makes a new private (mode 700) directory with a random name in the system's temporary
+/// directory: not predictable, so no other user of a shared /tmp can have prepared it or race us to
+/// it; not recursive, so the name must be new.
+fn make_private_dir() -> std::io::Result<PathBuf> {
+    let mut last = None;
+    for _ in 0..4 {
+        let name = random_name().map_err(std::io::Error::other)?;
+        let dir = std::env::temp_dir().join(format!("wcm-compile-{name}"));
+        match DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no private directory")))
+}
+
 /// Without a usable compile cache: the child writes into a directory made for this one compile
-/// (mode 700, a fresh name), the artifact is mapped, and the directory is removed (the mapping
+/// (mode 700, a random name), the artifact is mapped, and the directory is removed (the mapping
 /// keeps the file's pages).
 fn compile_through_private_dir(
     engine: &Engine,
     child: &ChildCompile,
     euid: u32,
     wasm: &[u8],
+    cancel: &CompileCancel,
 ) -> Result<Loaded> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "wcm-compile-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    // Not recursive: the name must be new, so nothing prepared by another user is used.
-    if let Err(e) = DirBuilder::new().mode(0o700).create(&dir) {
-        // E.g. `inspect` run in the Pod, whose root (and /tmp) is read-only: better a compile in
-        // this short-lived process than none.
-        tracing::warn!(
-            "compiling in this process: no usable --compile-cache, and no private directory for a compile child could be made in {} ({e}; set TMPDIR or give --compile-cache)",
-            std::env::temp_dir().display()
-        );
-        return Ok(Loaded::compiled_here(compile(engine, wasm)?));
-    }
+    let dir = match make_private_dir() {
+        Ok(d) => d,
+        Err(e) if !compiler::in_process_fallback_allowed() => {
+            // `run`: a compile in this process would keep its peak for good, unbounded. The plugin
+            // is refused with what to give instead.
+            anyhow::bail!(
+                "no directory to hand the compiled plugin over: --compile-cache is missing, refused, \
+                 full or read-only, and no private directory could be made in {} ({e}); the host \
+                 never compiles in its own process: set TMPDIR or --compile-cache to a writable \
+                 directory of its own",
+                std::env::temp_dir().display()
+            )
+        }
+        Err(e) => {
+            // E.g. `inspect` run in the Pod, whose root (and /tmp) is read-only: better a compile in
+            // this short-lived process than none.
+            tracing::warn!(
+                "compiling in this process: no usable --compile-cache, and no private directory for a compile child could be made in {} ({e}; set TMPDIR or give --compile-cache)",
+                std::env::temp_dir().display()
+            );
+            return Ok(Loaded::compiled_here(compile(engine, wasm)?));
+        }
+    };
     let result = (|| {
         let meta = std::fs::symlink_metadata(&dir)?;
         check_owner_and_mode(&meta, euid)
             .map_err(|r| anyhow::anyhow!("the directory {} {r}", dir.display()))?;
         let path = dir.join("artifact.cwasm");
-        let peak = compiler::compile_in_child(engine, child, wasm, &dir, &path)?;
+        let peak = compiler::compile_in_child(engine, child, wasm, &dir, &path, cancel)?;
         Ok(Loaded {
             component: load_written(engine, &path, euid)?,
             from_cache: false,
@@ -305,6 +376,55 @@ fn open_artifact(path: &Path, euid: u32) -> Result<Option<File>, CacheRefusal> {
         return Err(CacheRefusal::Replaced);
     }
     Ok(Some(file))
+}
+
+/// A temporary file `write_artifact` made older than this is left from a compile that was killed
+/// (every compile child is stopped by `COMPILE_TIMEOUT`); a younger one may be another replica's,
+/// writing into the same cache now.
+pub const STALE_TEMPORARY: std::time::Duration =
+    compiler::COMPILE_TIMEOUT.saturating_add(std::time::Duration::from_secs(60));
+
+/// Removes the temporary files in `dir` whose name `matches`, and which this host can have written:
+/// regular files (not links: nothing is followed), of this user, readable by no one else, as
+/// `write_artifact` makes them. Returns how many were removed.
+fn remove_temporaries(dir: &Path, matches: impl Fn(&str, &Metadata) -> bool) -> usize {
+    let (Ok(euid), Ok(entries)) = (effective_uid(), std::fs::read_dir(dir)) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with(".tmp-") && name.ends_with(".cwasm")) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        let ours = meta.file_type().is_file() && meta.uid() == euid && meta.mode() & 0o077 == 0;
+        if ours && matches(name, &meta) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The temporary file a compile child with this pid may have left (it was killed mid-write).
+pub(super) fn remove_temporaries_of(dir: &Path, pid: u32) {
+    let prefix = format!(".tmp-{pid}-");
+    remove_temporaries(dir, |name, _| name.starts_with(&prefix));
+}
+
+/// At start: the temporary files killed compiles left in the cache (older than
+/// `STALE_TEMPORARY`). Returns how many were removed.
+pub fn clean_stale_temporaries(dir: &Path) -> usize {
+    let now = std::time::SystemTime::now();
+    remove_temporaries(dir, |_, meta| {
+        meta.modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age > STALE_TEMPORARY)
+    })
 }
 
 fn store(component: &Component, dir: &Path, path: &Path) -> Result<()> {
@@ -497,19 +617,27 @@ mod tests {
             .expect("serialize");
         std::fs::write(&path, &genuine).expect("plant");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        let (_, from_cache) =
-            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT, None)
-                .map(|l| ((), l.from_cache))
-                .expect("compiles");
+        let from_cache = loaded_from_cache(&engine, &t.cache(), &sha);
         assert!(!from_cache, "a group/world-writable artifact was loaded");
         // Compiled and stored again, privately: the next load uses it.
         let meta = std::fs::symlink_metadata(&path).expect("stat");
         assert_eq!(meta.mode() & 0o777, 0o600);
-        let (_, from_cache) =
-            load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT, None)
-                .map(|l| ((), l.from_cache))
-                .expect("loads");
+        let from_cache = loaded_from_cache(&engine, &t.cache(), &sha);
         assert!(from_cache);
+    }
+
+    /// Loads `EMPTY_COMPONENT` in this process through the cache `dir`: whether it came from it.
+    fn loaded_from_cache(engine: &Engine, dir: &Path, sha: &str) -> bool {
+        load_or_compile(
+            engine,
+            Some(dir),
+            sha,
+            EMPTY_COMPONENT,
+            None,
+            &CompileCancel::new(),
+        )
+        .expect("compiles or loads")
+        .from_cache
     }
 
     #[test]
@@ -520,12 +648,61 @@ mod tests {
         prepare_dir(&t.cache(), euid()).expect("prepare");
         std::fs::set_permissions(t.cache(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         for _ in 0..2 {
-            let (_, from_cache) =
-                load_or_compile(&engine, Some(&t.cache()), &sha, EMPTY_COMPONENT, None)
-                    .map(|l| ((), l.from_cache))
-                    .expect("compiles");
+            let from_cache = loaded_from_cache(&engine, &t.cache(), &sha);
             assert!(!from_cache);
         }
         assert_eq!(std::fs::read_dir(t.cache()).expect("ls").count(), 0);
+    }
+
+    #[test]
+    fn stale_temporaries_of_killed_compiles_are_removed_at_start_and_nothing_else() {
+        let t = TempDir::new();
+        prepare_dir(&t.cache(), euid()).expect("prepare");
+        let c = t.cache();
+        let old =
+            std::time::SystemTime::now() - STALE_TEMPORARY - std::time::Duration::from_secs(60);
+        let private = std::fs::Permissions::from_mode(0o600);
+        let file = |name: &str, mode: u32, stale: bool| {
+            let p = c.join(name);
+            std::fs::write(&p, b"half an artifact").expect("write");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            if stale {
+                File::options()
+                    .write(true)
+                    .open(&p)
+                    .and_then(|f| f.set_modified(old))
+                    .expect("age it");
+            }
+            p
+        };
+        let killed = file(".tmp-11-0-1.cwasm", 0o600, true);
+        // Another replica's compile writing now, into a shared cache.
+        let writing = file(".tmp-12-0-1.cwasm", 0o600, false);
+        // Not as `write_artifact` makes them: readable by others, or not a temporary.
+        let loose = file(".tmp-13-0-1.cwasm", 0o644, true);
+        let artifact = file("abc-def.cwasm", 0o600, true);
+        // A link named like a temporary, to a file outside: neither followed nor removed.
+        let outside = t.0.join("outside");
+        std::fs::write(&outside, b"keep").expect("write");
+        std::fs::set_permissions(&outside, private.clone()).expect("chmod");
+        let link = c.join(".tmp-14-0-1.cwasm");
+        symlink(&outside, &link).expect("symlink");
+        // Someone else's (root may give it away).
+        let foreign = file(".tmp-15-0-1.cwasm", 0o600, true);
+        let chowned = euid() == 0 && std::os::unix::fs::chown(&foreign, Some(4242), None).is_ok();
+
+        assert_eq!(clean_stale_temporaries(&c), 1);
+        assert!(!killed.exists(), "the stale temporary is left");
+        for kept in [&writing, &loose, &artifact, &outside] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+        assert!(
+            std::fs::symlink_metadata(&link).is_ok(),
+            "the link was removed"
+        );
+        assert_eq!(std::fs::read(&outside).expect("read"), b"keep");
+        if chowned {
+            assert!(foreign.exists(), "another user's file was removed");
+        }
     }
 }

@@ -7,6 +7,7 @@
 
 mod call_ctx;
 mod compile_cache;
+mod compile_worker;
 pub mod compiler;
 pub mod dns;
 mod guest_clock;
@@ -244,6 +245,13 @@ impl Runtime {
             .map_err(|e| anyhow::anyhow!("link host functions of 0.1.0: {e:#}"))?;
 
         let ticker = Ticker::start(engine.clone())?;
+        if let Some(dir) = &settings.compile_cache {
+            // What compiles killed mid-write (the host stopped hard) left behind.
+            let n = compile_cache::clean_stale_temporaries(dir);
+            if n > 0 {
+                tracing::info!(dir = %dir.display(), removed = n, "stale temporary files of killed compiles removed from the compile cache");
+            }
+        }
         Ok(Runtime {
             engine,
             linker,
@@ -279,6 +287,16 @@ impl Runtime {
     /// Compiles (or loads from the cache) and links a component. Fails with a clear message for
     /// something that is not a component of the `plugin` world.
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled> {
+        self.compile_cancellable(wasm, &compiler::CompileCancel::new())
+    }
+
+    /// `compile`, stopped (a compile child killed, or its wait for its turn given up) once `cancel`
+    /// is set.
+    pub fn compile_cancellable(
+        &self,
+        wasm: &[u8],
+        cancel: &compiler::CompileCancel,
+    ) -> Result<Compiled> {
         let started = Instant::now();
         let sha256 = compile_cache::sha256_hex(wasm);
         let loaded = compile_cache::load_or_compile(
@@ -287,6 +305,7 @@ impl Runtime {
             &sha256,
             wasm,
             self.settings.child_compile.as_ref(),
+            cancel,
         )
         .map_err(pool::too_large)?;
         let component = loaded.component;

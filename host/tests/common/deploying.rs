@@ -5,6 +5,50 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use serde_json::Value;
+use wasm_controller_manager::loading::rbac;
+
+/// The objects of a YAML stream (empty documents left out).
+pub fn yaml_documents(text: &str) -> Result<Vec<Value>> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc)?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// What `rbac --kubeconfig … --all-namespaces pod-counter --host-service-account
+/// wcm-system/wasm-controller-manager PLUGINS…` prints, as the deployment documents run it
+/// (pod-counter records its events on the Pods it counts, in every namespace).
+pub async fn deployment_rbac(
+    client: &kube::Client,
+    plugins: Vec<std::path::PathBuf>,
+) -> Result<rbac::RbacOutput> {
+    let discovery = wasm_controller_manager::cluster::discovery::Discovery::new(
+        client.clone(),
+        std::time::Duration::from_secs(10),
+    );
+    rbac::generate(
+        &rbac::RbacRequest {
+            compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
+            plugins,
+            identity: Default::default(),
+            host_service_account: Some(("wcm-system".into(), "wasm-controller-manager".into())),
+            allow: wasm_controller_manager::cluster::rbac::Allowances {
+                all_namespaces: wasm_controller_manager::cluster::rbac::Allow::plugins([
+                    "pod-counter".to_string(),
+                ]),
+                ..Default::default()
+            },
+        },
+        Some(&discovery),
+    )
+    .await
+}
 
 /// Writes the files of docs/deploying.md's example: every fenced block whose first line is
 /// `# my-deploy/PATH` becomes that file, and one whose first line is `# appended to

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -16,6 +15,12 @@ use crate::common::deploying::{copy_dir, write_doc_example};
 
 /// Runs `ip ARGS` in the network namespace of process `pid` (a container's).
 fn ip_in_netns(pid: u32, args: &[&str]) -> Result<()> {
+    // Never the machine's own namespace (a PID reused by a process outside the Pod).
+    let ns = |p: &str| std::fs::read_link(p).map(|l| l.to_string_lossy().into_owned());
+    anyhow::ensure!(
+        ns(&format!("/proc/{pid}/ns/net"))? != ns("/proc/self/ns/net")?,
+        "process {pid} is in this machine's own network namespace, not a Pod's"
+    );
     let out = Command::new("nsenter")
         .arg(format!("--net=/proc/{pid}/ns/net"))
         .arg("ip")
@@ -169,36 +174,9 @@ pub async fn documented_deployment(
     );
     std::fs::write(&kustomization, text)?;
 
-    let discovery = wasm_controller_manager::cluster::discovery::Discovery::new(
-        client.clone(),
-        Duration::from_secs(10),
-    );
-    let out = rbac::generate(
-        &rbac::RbacRequest {
-            compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
-            plugins,
-            identity: Default::default(),
-            host_service_account: Some(("wcm-system".into(), "wasm-controller-manager".into())),
-            allow: wasm_controller_manager::cluster::rbac::Allowances {
-                all_namespaces: wasm_controller_manager::cluster::rbac::Allow::plugins([
-                    "pod-counter".to_string(),
-                ]),
-                ..Default::default()
-            },
-        },
-        Some(&discovery),
-    )
-    .await?;
+    let out = crate::common::deploying::deployment_rbac(client, plugins).await?;
     std::fs::write(deploy.join("rbac/generated.yaml"), rbac::render(&out)?)?;
-    let text = testenv::kustomize(&deploy)?;
-    let mut docs = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v: Value = serde::Deserialize::deserialize(doc)?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+    crate::common::deploying::yaml_documents(&testenv::kustomize(&deploy)?)
 }
 
 /// The replica an audit event's User-Agent names: `wasm-controller-manager/VERSION (IDENTITY)`.
@@ -212,15 +190,20 @@ fn accepted(e: &AuditEvent) -> bool {
     e.stage == "ResponseComplete" && e.response_status.as_ref().is_some_and(|s| s.code < 300)
 }
 
-/// Every write the API server accepted as a plugin (any `wcm-plugin-*` identity of `namespace`)
-/// that changes a stored object. Access reviews (each replica checks every plugin's grant, leading
-/// or not) are `create`s that store nothing, and are left out.
+/// Every write attempted as a plugin (any `wcm-plugin-*` identity of `namespace`), accepted or
+/// not, that would change a stored object. Access reviews (each replica checks every plugin's
+/// grant, leading or not) are `create`s that store nothing, and are left out.
 pub fn plugin_writes<'a>(events: &'a [AuditEvent], namespace: &str) -> Vec<&'a AuditEvent> {
     let prefix = format!("system:serviceaccount:{namespace}:wcm-plugin-");
     events
         .iter()
-        .filter(|e| accepted(e))
-        .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch" | "delete"))
+        .filter(|e| e.stage == "ResponseComplete")
+        .filter(|e| {
+            matches!(
+                e.verb.as_str(),
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
+        })
         .filter(|e| e.effective_user().starts_with(&prefix))
         .filter(|e| {
             !e.object_ref.as_ref().is_some_and(|o| {
@@ -233,15 +216,13 @@ pub fn plugin_writes<'a>(events: &'a [AuditEvent], namespace: &str) -> Vec<&'a A
         .collect()
 }
 
-/// Every plugin write was made by the replica that had written the Lease last before it: no
-/// two replicas reconciled at once, so no reconcile was doubled across a hand-over. Returns the
-/// number of writes checked and the replicas that wrote.
-pub fn writes_follow_the_lease(
-    events: &[AuditEvent],
+/// The accepted writes of the Lease, in time order: (when, by which replica).
+pub fn lease_writes<'a>(
+    events: &'a [AuditEvent],
     namespace: &str,
     lease: &str,
-) -> Result<(usize, Vec<String>)> {
-    let lease_writes: Vec<(&str, &str)> = events
+) -> Vec<(&'a str, &'a str)> {
+    let mut out: Vec<(&str, &str)> = events
         .iter()
         .filter(|e| accepted(e))
         .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch"))
@@ -252,6 +233,21 @@ pub fn writes_follow_the_lease(
         })
         .filter_map(|e| Some((e.stage_timestamp.as_str(), replica_of(e)?)))
         .collect();
+    out.sort();
+    out
+}
+
+/// Every plugin write attempt was made by the replica that had written the Lease last before it:
+/// no two replicas reconciled at once, so no reconcile was doubled across a hand-over. (A write
+/// after its replica released the Lease, before the next holder's first write, is not caught here;
+/// the drain step checks the release comes after the last write.) Returns the number of writes
+/// checked and the replicas that wrote.
+pub fn writes_follow_the_lease(
+    events: &[AuditEvent],
+    namespace: &str,
+    lease: &str,
+) -> Result<(usize, Vec<String>)> {
+    let lease_writes = lease_writes(events, namespace, lease);
     let writes = plugin_writes(events, namespace);
     let mut writers = Vec::new();
     let mut wrong = Vec::new();

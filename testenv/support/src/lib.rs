@@ -15,6 +15,9 @@
 //! [`OpenStack`] runs real Keystone + Neutron API servers on loopback for the network plugin's
 //! tests ([`openstack`]).
 //!
+//! [`Registry`] runs a real OCI registry (CNCF distribution) on loopback, with TLS and basic auth
+//! on demand, and pushes wasm components to it ([`registry`]).
+//!
 //! [`kustomize()`] renders a kustomization as `kubectl kustomize` does, without kubectl.
 
 pub mod audit;
@@ -26,6 +29,7 @@ pub mod node;
 pub mod openstack;
 pub mod openstack_api;
 pub mod proxy;
+pub mod registry;
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +44,7 @@ pub use namespace::TestNamespace;
 pub use node::{ImageFile, ImageSpec, Node, NodeStart};
 pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
 pub use proxy::CuttableProxy;
+pub use registry::{Registry, RegistryOptions};
 
 use control::Control;
 

@@ -231,13 +231,7 @@ impl Node {
     /// The PIDs (in this machine's PID namespace) of a container's processes, found by the
     /// container's cgroup under the node's cgroup root; `container_id` as in the Pod's status.
     pub fn container_pids(&self, container_id: &str) -> Result<Vec<u32>> {
-        let id = container_id
-            .rsplit_once("://")
-            .map_or(container_id, |(_, id)| id);
-        anyhow::ensure!(
-            !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()),
-            "not a container id: {container_id:?}"
-        );
+        let id = bare_container_id(container_id)?;
         let root = Path::new("/sys/fs/cgroup/pids/wcm-node");
         let dir = find_dir(root, id)?.with_context(|| format!("no cgroup for container {id}"))?;
         let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
@@ -249,13 +243,7 @@ impl Node {
     /// The highest memory use of a container so far, in bytes, as its memory cgroup counts it
     /// (cgroup v1 `memory.max_usage_in_bytes`: what the limit is enforced on).
     pub fn container_memory_peak(&self, container_id: &str) -> Result<u64> {
-        let id = container_id
-            .rsplit_once("://")
-            .map_or(container_id, |(_, id)| id);
-        anyhow::ensure!(
-            !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()),
-            "not a container id: {container_id:?}"
-        );
+        let id = bare_container_id(container_id)?;
         let root = Path::new("/sys/fs/cgroup/memory/wcm-node");
         let dir =
             find_dir(root, id)?.with_context(|| format!("no memory cgroup for container {id}"))?;
@@ -297,10 +285,28 @@ impl Drop for Node {
 }
 
 /// The directory named `name` under `root`, searched depth first.
+/// `containerd://ID` or `ID` (as in a Pod's status) → `ID`, checked to be hex.
+fn bare_container_id(container_id: &str) -> Result<&str> {
+    let id = container_id
+        .rsplit_once("://")
+        .map_or(container_id, |(_, id)| id);
+    anyhow::ensure!(
+        !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit()),
+        "not a container id: {container_id:?}"
+    );
+    Ok(id)
+}
+
 fn find_dir(root: &Path, name: &str) -> Result<Option<PathBuf>> {
-    for entry in std::fs::read_dir(root)? {
-        let entry = entry?;
-        if !entry.file_type()?.is_dir() {
+    // The kubelet removes Pods' cgroups at any time: a directory gone during the walk is skipped.
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { continue };
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
         if entry.file_name() == name {

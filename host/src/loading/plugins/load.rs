@@ -14,7 +14,7 @@ impl PluginManager {
             })?,
             None => PluginSettings::default(),
         };
-        let compiled = self.compile(disk).await?;
+        let compiled = self.compile(stem, disk).await?;
         let limits = settings.limits(&self.settings.default_limits);
         let description = (*self
             .describe(stem, disk, &settings, &compiled, &limits)
@@ -463,14 +463,21 @@ impl PluginManager {
 
     /// The compiled component of these bytes: from the memo when the same bytes were compiled
     /// before (a waiting plugin is tried again every few seconds; it is not compiled each time).
-    async fn compile(&self, disk: &OnDisk) -> anyhow::Result<Arc<Compiled>> {
+    /// The compile stops when the file changes or goes meanwhile (the rescan cancels it), and when
+    /// this future is dropped (the load cancelled, the host stopping): its child is killed.
+    async fn compile(&self, stem: &str, disk: &OnDisk) -> anyhow::Result<Arc<Compiled>> {
         if let Some(c) = self.compiled.lock().await.get(&disk.wasm_sha) {
             return Ok(c.clone());
         }
         let bytes = disk.bytes.clone();
         let runtime = self.parts.runtime.clone();
+        let cancel = lock(&self.loading)
+            .get(stem)
+            .map(|l| l.cancel_compile.clone())
+            .unwrap_or_default();
+        let _dropped = crate::sandbox::compiler::CancelOnDrop(cancel.clone());
         let compiled = Arc::new(
-            tokio::task::spawn_blocking(move || runtime.compile(&bytes))
+            tokio::task::spawn_blocking(move || runtime.compile_cancellable(&bytes, &cancel))
                 .await
                 .context("compile task")??,
         );
