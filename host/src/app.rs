@@ -228,7 +228,19 @@ impl Manager {
             sync_timeout: cfg.sync_timeout,
         });
         let objects = match &cfg.plugin_objects {
-            Some(settings) => Some(ObjectSource::new(settings.clone(), client.clone())?),
+            Some(settings) => {
+                let mut settings = settings.clone();
+                settings.ceilings.budgets = cfg.budgets;
+                settings.ceilings.limits = cfg.limits.clone();
+                settings.ceilings.max_workers = cfg.max_workers_per_plugin;
+                settings.ceilings.protected = cfg
+                    .identity
+                    .protected_namespaces()
+                    .iter()
+                    .map(str::to_string)
+                    .collect();
+                Some(ObjectSource::new(settings, client.clone())?)
+            }
             None => None,
         };
         let plugins = PluginManager::new(

@@ -348,6 +348,15 @@ struct RunArgs {
     /// runs what it holds (each file is checked against its digest when read); none: memory only.
     #[arg(long, env = "WCM_PLUGIN_CACHE")]
     plugin_cache: Option<PathBuf>,
+    /// Hosts (host or host:port) a Plugin object's settings may list in `allowed_hosts`;
+    /// repeatable. Whoever writes a Plugin may give it only these (files in --plugins-dir are the
+    /// operator's and are not bound by this list).
+    #[arg(
+        long = "plugin-object-host",
+        env = "WCM_PLUGIN_OBJECT_HOSTS",
+        value_delimiter = ','
+    )]
+    plugin_object_hosts: Vec<String>,
     /// First retry delay of a failing key, milliseconds (doubles per failure).
     #[arg(long, env = "WCM_RETRY_BASE_MS", default_value_t = 5)]
     retry_base_ms: u64,
@@ -620,6 +629,10 @@ impl RunArgs {
                 cache: self.plugin_cache.clone(),
                 max_bytes: usize::try_from(self.max_plugin_bytes).unwrap_or(usize::MAX),
                 secrets_namespace: identity.namespace.clone(),
+                ceilings: wasm_controller_manager::loading::objects::spec::Ceilings {
+                    hosts: self.plugin_object_hosts.iter().cloned().collect(),
+                    ..Default::default()
+                },
             })
         } else {
             anyhow::ensure!(

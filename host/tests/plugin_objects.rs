@@ -171,6 +171,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         cache: Some(cache.clone()),
         max_bytes: 64 << 20,
         secrets_namespace: "wcm-system".into(),
+        ceilings: Default::default(),
     });
     let manager = start_manager(cfg).await?;
     let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
@@ -279,7 +280,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
                     c["status"] == "False"
                         && c["message"]
                             .as_str()
-                            .is_some_and(|m| m.contains("not in --plugin-registries"))
+                            .is_some_and(|m| m.contains("not in --plugin-registry"))
                 })
                 .then_some(()))
         },

@@ -12,13 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures::StreamExt;
-use oci_client::Reference;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::manifest::OciManifest;
-use oci_client::secrets::RegistryAuth;
-use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
 
+use super::registry::{MAX_MANIFEST, RegistryClient};
 use super::spec::{OciRef, Origin};
 
 /// Config media types of a wasm artifact: the CNCF layout, then wasm-to-oci's.
@@ -47,7 +43,7 @@ pub struct FetchError {
 }
 
 impl FetchError {
-    fn new(reason: &'static str, message: impl Into<String>) -> FetchError {
+    pub(crate) fn new(reason: &'static str, message: impl Into<String>) -> FetchError {
         let message: String = message.into();
         FetchError {
             reason,
@@ -134,73 +130,39 @@ pub fn credentials_for(dockerconfig: &[u8], registry: &str) -> Result<Option<Cre
 
 /// How components are fetched.
 pub struct Fetcher {
-    /// What every registry client is built from: one client per fetch, so no credentials or
-    /// tokens one Plugin's pull Secret gave are ever used for another's (oci-client keeps the
-    /// first credentials it is given for a registry), and a rotated Secret is used at once.
-    plain_http: Vec<String>,
-    extra_ca_pem: Option<Vec<u8>>,
-    https: reqwest::Client,
+    /// One HTTP client for every registry and host; credentials and tokens live in a session of
+    /// one fetch, so none a Plugin's pull Secret gave is ever used for another's, and a rotated
+    /// Secret is used at once.
+    registry: RegistryClient,
     cache: Option<PathBuf>,
     max_bytes: usize,
 }
 
 impl Fetcher {
-    /// `extra_ca_pem`: CA certificates (PEM) trusted besides the system's, for registries with a
-    /// private CA. `plain_http`: registries reached over plain HTTP (tests and local mirrors only).
+    /// `allowed`: the registries and hosts of `--plugin-registry`. `extra_ca_pem`: CA
+    /// certificates (PEM) trusted besides the system's, for registries with a private CA.
+    /// `plain_http`: registries reached over plain HTTP (tests and local mirrors only).
     pub fn new(
         cache: Option<PathBuf>,
         max_bytes: usize,
         extra_ca_pem: Option<&[u8]>,
+        allowed: &BTreeSet<String>,
         plain_http: &[String],
     ) -> anyhow::Result<Fetcher> {
-        // reqwest is built without a crypto provider of its own: the process's is ring, as for
-        // every other TLS client of the host (a second install is refused, harmlessly).
-        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-        let mut https = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .read_timeout(std::time::Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::limited(3))
-            .https_only(true);
-        if let Some(pem) = extra_ca_pem {
-            for cert in reqwest::Certificate::from_pem_bundle(pem)? {
-                https = https.add_root_certificate(cert);
-            }
-        }
         if let Some(dir) = &cache {
             for sub in ["oci", "blobs", "https"] {
                 super::store::private_dir(&dir.join(sub))?;
             }
         }
         Ok(Fetcher {
-            plain_http: plain_http.to_vec(),
-            extra_ca_pem: extra_ca_pem.map(<[u8]>::to_vec),
-            https: https.build()?,
+            registry: RegistryClient::new(
+                allowed.clone(),
+                plain_http.iter().cloned().collect(),
+                extra_ca_pem,
+            )?,
             cache,
             max_bytes,
         })
-    }
-
-    /// A registry client of its own for one fetch.
-    fn oci_client(&self) -> oci_client::Client {
-        let mut config = ClientConfig {
-            protocol: if self.plain_http.is_empty() {
-                ClientProtocol::Https
-            } else {
-                ClientProtocol::HttpsExcept(self.plain_http.clone())
-            },
-            read_timeout: Some(std::time::Duration::from_secs(30)),
-            connect_timeout: Some(std::time::Duration::from_secs(10)),
-            user_agent: concat!("wasm-controller-manager/", env!("CARGO_PKG_VERSION")),
-            max_concurrent_download: 1,
-            ..Default::default()
-        };
-        if let Some(pem) = &self.extra_ca_pem {
-            config.extra_root_certificates.push(Certificate {
-                encoding: CertificateEncoding::Pem,
-                data: pem.clone(),
-            });
-        }
-        oci_client::Client::new(config)
     }
 
     /// The component `origin` names, from the disk cache when it holds it, else fetched (and
@@ -229,7 +191,7 @@ impl Fetcher {
                 if hex_sha(&manifest) != r.digest {
                     return None;
                 }
-                let layer = wasm_layer(&manifest, self.max_bytes).ok()?;
+                let (layer, _) = wasm_layer(&manifest, self.max_bytes).ok()?;
                 let bytes = read(&dir.join("blobs").join(format!("{layer}.wasm")))?;
                 (bytes, layer)
             }
@@ -250,46 +212,35 @@ impl Fetcher {
         r: &OciRef,
         credentials: Option<&Credentials>,
     ) -> Result<Fetched, FetchError> {
-        let reference = Reference::with_digest(
-            r.registry.clone(),
-            r.repository.clone(),
-            format!("sha256:{}", r.digest),
-        );
-        let auth = match credentials {
-            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
-        let client = self.oci_client();
-        // oci-client checks the manifest against the pinned digest.
-        let (raw, _digest) = client
-            .pull_manifest_raw(&reference, &auth, &MANIFEST_TYPES)
-            .await
-            .map_err(oci_error)?;
+        let mut session =
+            self.registry
+                .session(&r.registry, &r.repository, credentials.cloned(), false);
+        let raw = session
+            .manifest(
+                &format!("sha256:{}", r.digest),
+                &MANIFEST_TYPES,
+                MAX_MANIFEST,
+            )
+            .await?;
         if hex_sha(&raw) != r.digest {
             return Err(FetchError::new(
                 "DigestMismatch",
                 format!("the manifest served for {r} does not hash to its digest"),
             ));
         }
-        let layer_digest = wasm_layer(&raw, self.max_bytes)?;
-        let manifest: OciManifest = serde_json::from_slice(&raw)
-            .map_err(|e| FetchError::new("NotAWasmArtifact", format!("manifest: {e}")))?;
-        let OciManifest::Image(image) = manifest else {
-            return Err(FetchError::new(
-                "NotAWasmArtifact",
-                "the manifest is an index",
-            ));
-        };
-        let layer = image
-            .layers
-            .iter()
-            .find(|l| l.digest == format!("sha256:{layer_digest}"))
-            .ok_or_else(|| FetchError::new("NotAWasmArtifact", "no wasm layer"))?;
-        let mut stream = client
-            .pull_blob_stream(&reference, layer)
+        let (layer_digest, size) = wasm_layer(&raw, self.max_bytes)?;
+        // The declared size bounds the read: a layer longer than its manifest says is refused
+        // before it is all in memory.
+        let bytes = session
+            .blob(&layer_digest, usize::try_from(size).unwrap_or(usize::MAX))
             .await
-            .map_err(oci_error)?;
-        let bytes = read_capped(&mut stream.stream, self.max_bytes).await?;
+            .map_err(|e| match e.reason {
+                "TooLarge" => FetchError::new(
+                    "DigestMismatch",
+                    format!("the wasm layer is longer than the {size} bytes its manifest declares"),
+                ),
+                _ => e,
+            })?;
         if hex_sha(&bytes) != layer_digest {
             return Err(FetchError::new(
                 "DigestMismatch",
@@ -315,35 +266,20 @@ impl Fetcher {
     }
 
     async fn fetch_https(&self, url: &str, sha256: &str) -> Result<Fetched, FetchError> {
-        let response = self.https.get(url).send().await.map_err(|e| {
-            FetchError::new("Unreachable", format!("GET {url}: {}", without_url(&e)))
-        })?;
-        let status = response.status();
-        if !status.is_success() {
-            let reason = match status.as_u16() {
-                401 | 403 => "Unauthorized",
-                404 => "NotFound",
-                _ => "Unreachable",
-            };
-            return Err(FetchError::new(reason, format!("GET {url}: HTTP {status}")));
-        }
-        if response
-            .content_length()
-            .is_some_and(|l| l > self.max_bytes as u64)
-        {
-            return Err(FetchError::new(
-                "TooLarge",
-                format!(
-                    "{url} is larger than --max-plugin-bytes ({})",
-                    self.max_bytes
+        let bytes = self
+            .registry
+            .get_url(url, self.max_bytes)
+            .await
+            .map_err(|e| match e.reason {
+                "TooLarge" => FetchError::new(
+                    "TooLarge",
+                    format!(
+                        "{url} is larger than --max-plugin-bytes ({})",
+                        self.max_bytes
+                    ),
                 ),
-            ));
-        }
-        let mut stream = response
-            .bytes_stream()
-            .map(|c| c.map_err(std::io::Error::other))
-            .boxed();
-        let bytes = read_capped(&mut stream, self.max_bytes).await?;
+                _ => e,
+            })?;
         if hex_sha(&bytes) != sha256 {
             return Err(FetchError::new(
                 "DigestMismatch",
@@ -364,15 +300,6 @@ impl Fetcher {
     }
 }
 
-fn without_url(e: &reqwest::Error) -> String {
-    // reqwest's text names the URL, which the caller already says.
-    let mut text = e.to_string();
-    if let Some(u) = e.url() {
-        text = text.replace(u.as_str(), "");
-    }
-    text
-}
-
 fn hex_sha(bytes: &[u8]) -> String {
     crate::sandbox::sha256_hex(bytes)
 }
@@ -380,7 +307,7 @@ fn hex_sha(bytes: &[u8]) -> String {
 /// The digest (hex) of the one wasm layer of a manifest, checked: an image manifest whose config
 /// is a wasm config media type and which holds exactly one layer, of a wasm media type, whose
 /// declared size is within `max_bytes`.
-pub fn wasm_layer(raw: &[u8], max_bytes: usize) -> Result<String, FetchError> {
+pub fn wasm_layer(raw: &[u8], max_bytes: usize) -> Result<(String, u64), FetchError> {
     let bad = |m: String| FetchError::new("NotAWasmArtifact", m);
     let v: serde_json::Value =
         serde_json::from_slice(raw).map_err(|_| bad("the manifest is not JSON".into()))?;
@@ -432,44 +359,7 @@ pub fn wasm_layer(raw: &[u8], max_bytes: usize) -> Result<String, FetchError> {
                     .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         })
         .ok_or_else(|| bad("the layer's digest is not sha256:<64 hex digits>".into()))?;
-    Ok(hex.to_string())
-}
-
-/// Reads a stream into memory, refusing it once it passes `max` bytes.
-async fn read_capped(
-    stream: &mut futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
-    max: usize,
-) -> Result<Vec<u8>, FetchError> {
-    let mut out = Vec::new();
-    let mut hasher = Sha256::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| FetchError::new("Unreachable", format!("reading the blob: {e}")))?;
-        if out.len() + chunk.len() > max {
-            return Err(FetchError::new(
-                "TooLarge",
-                format!("the component is larger than --max-plugin-bytes ({max})"),
-            ));
-        }
-        hasher.update(&chunk);
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}
-
-fn oci_error(e: oci_client::errors::OciDistributionError) -> FetchError {
-    use oci_client::errors::OciDistributionError as E;
-    let text = e.to_string();
-    match e {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => {
-            FetchError::new("Unauthorized", text)
-        }
-        E::ImageManifestNotFoundError(_) => FetchError::new("NotFound", text),
-        E::DigestError(_) => FetchError::new("DigestMismatch", text),
-        _ if text.contains("404") => FetchError::new("NotFound", text),
-        _ if text.contains("401") || text.contains("403") => FetchError::new("Unauthorized", text),
-        _ => FetchError::new("Unreachable", text),
-    }
+    Ok((hex.to_string(), size))
 }
 
 #[cfg(test)]
@@ -497,7 +387,7 @@ mod tests {
     fn both_wasm_layouts_are_accepted() {
         for (config, lt) in CONFIG_TYPES.iter().zip(LAYER_TYPES) {
             let m = manifest(config, vec![layer(lt, 100)]);
-            assert_eq!(wasm_layer(&m, 1000).unwrap(), D);
+            assert_eq!(wasm_layer(&m, 1000).unwrap().0, D);
         }
     }
 

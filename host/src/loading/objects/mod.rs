@@ -9,6 +9,7 @@
 //! reported on the object's status (`status`).
 
 pub mod fetch;
+pub mod registry;
 pub mod spec;
 pub mod status;
 pub mod store;
@@ -39,7 +40,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// What `run` needs from the operator.
 #[derive(Debug, Clone, Default)]
 pub struct ObjectSettings {
-    /// `--plugin-registries`: registries (and https hosts) components may come from.
+    /// `--plugin-registry`: registries (and https hosts) components may come from.
     pub registries: BTreeSet<String>,
     /// Registries reached over plain HTTP (`--plugin-registry-plain-http`).
     pub plain_http: Vec<String>,
@@ -50,6 +51,8 @@ pub struct ObjectSettings {
     pub max_bytes: usize,
     /// The namespace of pull Secrets (the host's).
     pub secrets_namespace: String,
+    /// What an object's settings may ask for (filled by the manager from its own settings).
+    pub ceilings: spec::Ceilings,
 }
 
 /// The component and settings the loader is handed for one object.
@@ -115,6 +118,7 @@ impl ObjectSource {
             settings.cache.clone(),
             settings.max_bytes,
             settings.ca_pem.as_deref(),
+            &settings.registries,
             &settings.plain_http,
         )?;
         Ok(Arc::new(ObjectSource {
@@ -198,8 +202,11 @@ impl ObjectSource {
             return;
         };
         let generation = o.metadata.generation.unwrap_or_default();
-        let parsed = PluginSpec::from_value(&o.data["spec"])
-            .and_then(|s| Ok((s.origin(&self.settings.registries)?, s)));
+        let parsed = PluginSpec::from_value(&o.data["spec"]).and_then(|s| {
+            let origin = s.origin(&self.settings.registries)?;
+            s.settings_toml(&name, &self.settings.ceilings)?;
+            Ok((origin, s))
+        });
         let start_fetch = {
             let mut objects = lock(&self.objects);
             if !objects.contains_key(&name) && objects.len() >= MAX_OBJECTS {
@@ -217,34 +224,24 @@ impl ObjectSource {
             state.attempts = 0;
             match &parsed {
                 Ok((origin, spec)) => {
-                    // Settings alone changed: the same component with new settings, no fetch.
-                    let settings = spec.settings_toml();
                     let same_bytes = state
                         .loadable
                         .as_ref()
                         .is_some_and(|l| l.source == origin.shown());
-                    match (same_bytes, settings) {
-                        (true, Ok(text)) => {
-                            if let Some(l) = state.loadable.as_mut() {
-                                l.settings_text = text;
-                            }
-                            state.loaded_generation = Some(generation);
-                            self.changed.notify_one();
-                            false
+                    if same_bytes {
+                        // Settings alone changed: the same component with new settings, no fetch.
+                        if let Some(l) = state.loadable.as_mut() {
+                            l.settings_text =
+                                spec.settings_toml(&name, &self.settings.ceilings).ok();
                         }
-                        (_, Err(e)) => {
-                            state.fetch_error = Some(FetchError {
-                                reason: "InvalidSettings",
-                                message: e,
-                            });
-                            false
-                        }
-                        (false, Ok(_)) => {
-                            // One fetch loop per object: marked here, under the lock.
-                            let start = !state.fetching;
-                            state.fetching = true;
-                            start
-                        }
+                        state.loaded_generation = Some(generation);
+                        self.changed.notify_one();
+                        false
+                    } else {
+                        // One fetch loop per object: marked here, under the lock.
+                        let start = !state.fetching;
+                        state.fetching = true;
+                        start
                     }
                 }
                 Err(_) => false,
@@ -315,7 +312,8 @@ impl ObjectSource {
                             Some(Ok((_, s))) => s.clone(),
                             _ => spec.clone(),
                         };
-                        let settings_text = current.settings_toml().ok().flatten();
+                        let settings_text =
+                            current.settings_toml(&name, &self.settings.ceilings).ok();
                         let generation = state.generation;
                         tracing::info!(
                             plugin_object = %name,

@@ -60,7 +60,7 @@ pub enum Origin {
     Oci(OciRef),
     Https {
         url: String,
-        /// host[:port], as `--plugin-registries` names it.
+        /// host[:port], as `--plugin-registry` names it.
         authority: String,
         sha256: String,
     },
@@ -253,7 +253,7 @@ impl PluginSpec {
         };
         if !allowed.contains(origin.authority()) {
             return Err(format!(
-                "{} is not in --plugin-registries ({})",
+                "{} is not in --plugin-registry ({})",
                 origin.authority(),
                 if allowed.is_empty() {
                     "empty: no registry is allowed".to_string()
@@ -283,17 +283,160 @@ impl PluginSpec {
         }
     }
 
-    /// `settings` as NAME.toml text (the same keys), for the loader's one settings parser.
-    pub fn settings_toml(&self) -> Result<Option<String>, String> {
-        let Some(map) = &self.settings else {
-            return Ok(None);
-        };
-        if map.is_empty() {
-            return Ok(None);
+    /// `settings` as NAME.toml text (the same keys), for the loader's one settings parser, checked
+    /// against what a Plugin object may ask for (`Ceilings`). The instance name is always the
+    /// object's name: holding `create` on a Plugin named N is what it takes to run code as plugin N
+    /// (and RBAC's `resourceNames` can say which N).
+    pub fn settings_toml(&self, object_name: &str, ceilings: &Ceilings) -> Result<String, String> {
+        let mut map = self.settings.clone().unwrap_or_default();
+        match map.get("name") {
+            None => {}
+            Some(Value::String(n)) if n == object_name => {}
+            Some(_) => {
+                return Err(format!(
+                    "settings.name: a Plugin object's instance name is its own name ({object_name}); \
+                     create a Plugin of that name instead"
+                ));
+            }
         }
-        toml::to_string(map)
-            .map(Some)
-            .map_err(|e| format!("settings: {e}"))
+        map.insert("name".into(), Value::String(object_name.to_string()));
+        let text = toml::to_string(&map).map_err(|e| format!("settings: {e}"))?;
+        let parsed = crate::loading::settings::PluginSettings::parse(&text)
+            .map_err(|e| format!("settings: {e}"))?;
+        ceilings.check(&parsed)?;
+        Ok(text)
+    }
+}
+
+/// What the settings of a Plugin object may ask for: never more than the operator's flags give a
+/// plugin (budgets and limits at most the host's defaults, none unlimited), hosts only from
+/// `--plugin-object-host`, and no protected namespace. A file in the plugins directory is the
+/// operator's own and is not bound by these.
+#[derive(Debug, Clone, Default)]
+pub struct Ceilings {
+    pub budgets: crate::cluster::services::BudgetSettings,
+    pub limits: crate::sandbox::Limits,
+    pub max_workers: u32,
+    /// Hosts a Plugin object may list in `allowed_hosts` (`--plugin-object-host`).
+    pub hosts: BTreeSet<String>,
+    pub protected: Vec<String>,
+}
+
+impl Ceilings {
+    pub fn check(&self, s: &crate::loading::settings::PluginSettings) -> Result<(), String> {
+        let b = &self.budgets;
+        let over = |key: &str, flag: &str, limit: String| {
+            Err(format!(
+                "settings.{key}: a Plugin object may ask for at most the host's {flag} ({limit})"
+            ))
+        };
+        // A host default of 0 means "no limit": then any positive value is a tightening.
+        let rate_ok = |asked: f64, host: f64| asked > 0.0 && (host == 0.0 || asked <= host);
+        if let Some(q) = s.api_qps
+            && !rate_ok(q, b.api_qps)
+        {
+            return over(
+                "api_qps",
+                "--plugin-api-qps",
+                format!("{}, and not 0", b.api_qps),
+            );
+        }
+        if s.api_burst.is_some_and(|v| v > b.api_burst) {
+            return over("api_burst", "--plugin-api-burst", b.api_burst.to_string());
+        }
+        if let Some(q) = s.http_qps
+            && !rate_ok(q, b.http_qps)
+        {
+            return over(
+                "http_qps",
+                "--plugin-http-qps",
+                format!("{}, and not 0", b.http_qps),
+            );
+        }
+        if s.http_burst.is_some_and(|v| v > b.http_burst) {
+            return over(
+                "http_burst",
+                "--plugin-http-burst",
+                b.http_burst.to_string(),
+            );
+        }
+        if let Some(c) = s.cpu_share
+            && !rate_ok(c, b.cpu_share)
+        {
+            return over(
+                "cpu_share",
+                "--plugin-cpu-share",
+                format!("{}, and not 0", b.cpu_share),
+            );
+        }
+        if s.max_instances.is_some_and(|v| v > b.max_instances) {
+            return over(
+                "max_instances",
+                "--max-instances-per-plugin",
+                b.max_instances.to_string(),
+            );
+        }
+        if s.max_watch_streams.is_some_and(|v| v > b.max_watch_streams) {
+            return over(
+                "max_watch_streams",
+                "--max-watch-streams-per-plugin",
+                b.max_watch_streams.to_string(),
+            );
+        }
+        if s.min_requeue_after_ms
+            .is_some_and(|ms| u128::from(ms) < b.min_requeue_after.as_millis())
+        {
+            return Err(format!(
+                "settings.min_requeue_after_ms: a Plugin object may ask for at least the host's --min-requeue-after-ms ({})",
+                b.min_requeue_after.as_millis()
+            ));
+        }
+        if s.workers.is_some_and(|w| w > self.max_workers) {
+            return over(
+                "workers",
+                "--max-workers-per-plugin",
+                self.max_workers.to_string(),
+            );
+        }
+        if s.memory_mb
+            .is_some_and(|mb| (mb as usize) << 20 > self.limits.memory)
+        {
+            return over(
+                "memory_mb",
+                "plugin memory limit",
+                format!("{} MiB", self.limits.memory >> 20),
+            );
+        }
+        if s.cpu_deadline_ms
+            .is_some_and(|ms| u128::from(ms) > self.limits.cpu_deadline.as_millis())
+        {
+            return over(
+                "cpu_deadline_ms",
+                "plugin CPU deadline",
+                format!("{} ms", self.limits.cpu_deadline.as_millis()),
+            );
+        }
+        for h in &s.allowed_hosts {
+            if !self.hosts.contains(h) {
+                return Err(format!(
+                    "settings.allowed_hosts: {} is not in --plugin-object-host ({})",
+                    crate::contract::validate::log_text(h, 256),
+                    if self.hosts.is_empty() {
+                        "empty: a Plugin object may name no host".to_string()
+                    } else {
+                        self.hosts.iter().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                ));
+            }
+        }
+        for ns in s.namespaces.iter().flatten() {
+            if self.protected.contains(ns) {
+                return Err(format!(
+                    "settings.namespaces: {ns} is a protected namespace; only a file in the plugins directory may name it"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -348,7 +491,7 @@ mod tests {
         let oci = spec(json!({"source": {"oci": format!("reg.example/a@sha256:{D}")}}));
         assert!(oci.origin(&allowed(&["reg.example"])).is_ok());
         let e = oci.origin(&allowed(&["other.example"])).unwrap_err();
-        assert!(e.contains("not in --plugin-registries"), "{e}");
+        assert!(e.contains("not in --plugin-registry"), "{e}");
         assert!(oci.origin(&allowed(&[])).unwrap_err().contains("empty"));
         let https = spec(
             json!({"source": {"https": {"url": "https://files.example/x.wasm", "sha256": D}}}),
@@ -379,24 +522,63 @@ mod tests {
 
     #[test]
     fn settings_become_the_same_toml_the_loader_reads() {
-        let s = PluginSpec::from_value(&json!({
-            "source": {"oci": format!("reg.example/a@sha256:{D}")},
-            "settings": {"isolation": "worker", "workers": 2, "namespaces": ["default"],
-                         "config": {"keystone-url": "https://k/v3"}},
-        }))
+        let ceilings = Ceilings {
+            max_workers: 4,
+            hosts: ["neutron:9696".to_string()].into(),
+            protected: vec!["wcm-system".into(), "kube-system".into()],
+            ..Default::default()
+        };
+        let with = |settings: Value| {
+            PluginSpec::from_value(&json!({
+                "source": {"oci": format!("reg.example/a@sha256:{D}")},
+                "settings": settings,
+            }))
+            .unwrap()
+            .settings_toml("net", &ceilings)
+        };
+        let text = with(
+            json!({"isolation": "worker", "workers": 2, "namespaces": ["default"],
+                         "allowed_hosts": ["neutron:9696"],
+                         "config": {"keystone-url": "https://k/v3"}}),
+        )
         .unwrap();
-        let text = s.settings_toml().unwrap().unwrap();
         let parsed = crate::loading::settings::PluginSettings::parse(&text).unwrap();
         assert_eq!(parsed.workers, Some(2));
+        assert_eq!(parsed.name.as_deref(), Some("net"), "the object's name");
         assert_eq!(parsed.namespaces, Some(vec!["default".to_string()]));
         assert_eq!(parsed.config["keystone-url"], "https://k/v3");
-        let typo = PluginSpec::from_value(&json!({
-            "source": {"oci": format!("reg.example/a@sha256:{D}")},
-            "settings": {"worker": 2},
-        }))
-        .unwrap();
-        let text = typo.settings_toml().unwrap().unwrap();
-        assert!(crate::loading::settings::PluginSettings::parse(&text).is_err());
+        assert!(with(json!({"worker": 2})).is_err(), "a typo");
+        assert!(with(json!({"name": "net"})).is_ok());
+        // What only the operator may give.
+        for (bad, says) in [
+            (json!({"name": "network"}), "instance name"),
+            (json!({"workers": 5}), "--max-workers-per-plugin"),
+            (json!({"api_qps": 0}), "--plugin-api-qps"),
+            (json!({"api_qps": 1000}), "--plugin-api-qps"),
+            (json!({"http_qps": 0}), "--plugin-http-qps"),
+            (json!({"cpu_share": 0}), "--plugin-cpu-share"),
+            (json!({"cpu_share": 8}), "--plugin-cpu-share"),
+            (json!({"max_instances": 1000}), "--max-instances-per-plugin"),
+            (
+                json!({"max_watch_streams": 1000}),
+                "--max-watch-streams-per-plugin",
+            ),
+            (json!({"min_requeue_after_ms": 1}), "--min-requeue-after-ms"),
+            (json!({"memory_mb": 100000}), "memory"),
+            (json!({"cpu_deadline_ms": 10000000}), "deadline"),
+            (
+                json!({"allowed_hosts": ["metadata.internal:80"]}),
+                "--plugin-object-host",
+            ),
+            (json!({"namespaces": ["wcm-system"]}), "protected"),
+            (
+                json!({"namespaces": ["default", "kube-system"]}),
+                "protected",
+            ),
+        ] {
+            let e = with(bad.clone()).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]
