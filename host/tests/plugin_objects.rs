@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use common::objects::{condition, install_crd};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -89,43 +90,12 @@ async fn serve_files(pki: &Path, files: Arc<Mutex<Files>>) -> Result<u16> {
     Ok(port)
 }
 
-/// Applies the Plugin CRD of `manifests/` and waits until Plugins can be listed.
-async fn install_crd(client: &kube::Client) -> Result<()> {
-    let text =
-        std::fs::read_to_string(testenv::repo_root().join("manifests/crds/plugins.wcm.dev.yaml"))?;
-    let crd: Value = serde_yaml_ng::from_str(&text)?;
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(client.clone());
-    crds.patch(
-        "plugins.wcm.dev",
-        &PatchParams::apply("plugin-objects-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
-    eventually("the Plugin CRD served", Duration::from_secs(30), || async {
-        Ok(plugins
-            .list(&Default::default())
-            .await
-            .is_ok()
-            .then_some(()))
-    })
-    .await
-}
-
 fn plugin_object(name: &str, url: &str, sha256: &str) -> Value {
     json!({
         "apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
         "metadata": {"name": name},
         "spec": {"source": {"https": {"url": url, "sha256": sha256}}},
     })
-}
-
-fn condition<'a>(o: &'a DynamicObject, t: &str) -> Option<&'a Value> {
-    o.data["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == t)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,18 +145,24 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
     });
     let manager = start_manager(cfg).await?;
     let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
-    let _ = plugins.delete("wb", &DeleteParams::default()).await;
+    let _ = plugins
+        .delete("well-behaved", &DeleteParams::default())
+        .await;
 
     // Created: fetched, checked, loaded like a file, running.
     plugins
         .create(
             &PostParams::default(),
-            &serde_json::from_value(plugin_object("wb", &format!("{base}/wb.wasm"), &wb_sha))?,
+            &serde_json::from_value(plugin_object(
+                "well-behaved",
+                &format!("{base}/wb.wasm"),
+                &wb_sha,
+            ))?,
         )
         .await?;
     wait_status(
         &manager,
-        "Plugin/wb",
+        "Plugin/well-behaved",
         "the Plugin running",
         |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == wb_sha),
     )
@@ -213,7 +189,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         "the Plugin's status Ready",
         Duration::from_secs(30),
         || async {
-            let o = plugins.get("wb").await?;
+            let o = plugins.get("well-behaved").await?;
             Ok(condition(&o, "Ready")
                 .is_some_and(|c| c["status"] == "True")
                 .then_some(o))
@@ -237,7 +213,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
     };
     plugins
         .patch(
-            "wb",
+            "well-behaved",
             &PatchParams::apply("plugin-objects-test").force(),
             &Patch::Apply(patch(format!("{base}/wb2.wasm"), other_sha)),
         )
@@ -246,7 +222,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         "Pulled False: DigestMismatch",
         Duration::from_secs(30),
         || async {
-            let o = plugins.get("wb").await?;
+            let o = plugins.get("well-behaved").await?;
             Ok(condition(&o, "Pulled")
                 .is_some_and(|c| c["status"] == "False" && c["reason"] == "DigestMismatch")
                 .then_some(o))
@@ -258,14 +234,14 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         condition(&o, "Pulled").context("Pulled")?["message"]
     );
     assert!(
-        matches!(status_of(&manager, "Plugin/wb").await, Some(FileStatus::Running { sha256, .. }) if sha256 == wb_sha),
+        matches!(status_of(&manager, "Plugin/well-behaved").await, Some(FileStatus::Running { sha256, .. }) if sha256 == wb_sha),
         "the running version keeps running"
     );
     // A host that is not allowed: refused before any request.
     let asked_before = files.lock().expect("not poisoned").asked.len();
     plugins
         .patch(
-            "wb",
+            "well-behaved",
             &PatchParams::apply("plugin-objects-test").force(),
             &Patch::Apply(patch("https://127.0.0.2:1/wb.wasm".into(), wb_sha.clone())),
         )
@@ -274,7 +250,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         "Pulled False: not allowed",
         Duration::from_secs(30),
         || async {
-            let o = plugins.get("wb").await?;
+            let o = plugins.get("well-behaved").await?;
             Ok(condition(&o, "Pulled")
                 .is_some_and(|c| {
                     c["status"] == "False"
@@ -287,21 +263,21 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
     )
     .await?;
     assert!(
-        matches!(status_of(&manager, "Plugin/wb").await, Some(FileStatus::Running { sha256, .. }) if sha256 == wb_sha),
+        matches!(status_of(&manager, "Plugin/well-behaved").await, Some(FileStatus::Running { sha256, .. }) if sha256 == wb_sha),
         "the running version keeps running"
     );
 
     // A new digest: swapped in place, no restart of the host.
     plugins
         .patch(
-            "wb",
+            "well-behaved",
             &PatchParams::apply("plugin-objects-test").force(),
             &Patch::Apply(patch(format!("{base}/wb2.wasm"), wb2_sha.clone())),
         )
         .await?;
     wait_status(
         &manager,
-        "Plugin/wb",
+        "Plugin/well-behaved",
         "the new digest running",
         |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == wb2_sha),
     )
@@ -339,9 +315,11 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
     );
 
     // Deleted: the plugin stops.
-    plugins.delete("wb", &DeleteParams::default()).await?;
+    plugins
+        .delete("well-behaved", &DeleteParams::default())
+        .await?;
     eventually("the plugin stopped", Duration::from_secs(30), || async {
-        Ok(status_of(&manager, "Plugin/wb")
+        Ok(status_of(&manager, "Plugin/well-behaved")
             .await
             .is_none()
             .then_some(()))

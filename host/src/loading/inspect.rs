@@ -240,7 +240,7 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
     Ok(out)
 }
 
-fn fmt_watch(w: &Watch) -> String {
+pub(crate) fn fmt_watch(w: &Watch) -> String {
     let mut s = if w.kind.group.is_empty() {
         format!("{}/{}", w.kind.version, w.kind.kind)
     } else {

@@ -450,6 +450,51 @@ impl PluginManager {
         out
     }
 
+    /// What each described file declares, as `inspect` shows it: contract, watches, permissions
+    /// and outbound hosts (for the status of Plugin objects).
+    pub async fn declared(&self) -> BTreeMap<String, serde_json::Value> {
+        let described: Vec<(String, OnDisk, Arc<Description>)> = lock(&self.described)
+            .iter()
+            .map(|(k, (d, desc))| (k.clone(), d.clone(), desc.clone()))
+            .collect();
+        let compiled = self.compiled.lock().await;
+        described
+            .into_iter()
+            .map(|(stem, disk, d)| {
+                let contract = compiled
+                    .get(&disk.wasm_sha)
+                    .map(|c| c.contract_version().to_string());
+                let watches: Vec<String> = std::iter::once(&d.primary)
+                    .chain(d.secondaries.iter().map(|s| &s.watch))
+                    .map(crate::loading::inspect::fmt_watch)
+                    .collect();
+                let permissions: Vec<String> = d
+                    .permissions
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{} {} ({})",
+                            p.verbs.join(","),
+                            p.resource,
+                            if p.group.is_empty() { "core" } else { &p.group }
+                        )
+                    })
+                    .collect();
+                (
+                    stem,
+                    serde_json::json!({
+                        "plugin": d.name,
+                        "version": d.version,
+                        "contract": contract,
+                        "watches": watches,
+                        "permissions": permissions,
+                        "hosts": d.outbound_hosts,
+                    }),
+                )
+            })
+            .collect()
+    }
+
     /// The debug view (kube-controller-manager's per-controller status): whether this replica
     /// leads, and for each file its state and why, and for a running plugin its version, digest,
     /// workers, queue depth and latest failure.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod deploying;
+pub mod objects;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};

@@ -162,6 +162,7 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
         tokio::time::sleep(MIN_INTERVAL).await;
         let files = plugins.status().await;
         let leaders = plugins.leaders().await;
+        let declared = plugins.declared().await;
         let states = source.states();
         written.retain(|name, _| states.contains_key(name));
         failing.retain(|name, _| states.contains_key(name));
@@ -181,6 +182,26 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
                 .loadable
                 .as_ref()
                 .map(|l| format!("sha256:{}", l.sha256));
+            // What runs (or is being tried) declares, as `inspect` shows it; the grant it misses
+            // while it waits for one.
+            let declares = declared.get(&key).cloned();
+            let contract = declares
+                .as_ref()
+                .and_then(|d| d["contract"].as_str().map(str::to_string));
+            let declares = declares.map(|mut d| {
+                if let Some(m) = d.as_object_mut() {
+                    m.remove("contract");
+                }
+                d
+            });
+            let missing_grant = match file {
+                Some(FileStatus::Waiting {
+                    reason: crate::loading::plugins::WaitReason::Forbidden,
+                    message,
+                    ..
+                }) => Some(crate::contract::validate::log_text(message, 1024)),
+                _ => None,
+            };
             let mine = json!({
                 "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
                 "kind": spec::KIND,
@@ -202,6 +223,9 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
                     "observedGeneration": state.generation,
                     "source": state.loadable.as_ref().map(|l| l.source.clone()),
                     "digest": digest,
+                    "contract": contract,
+                    "declares": declares,
+                    "missingRule": missing_grant,
                     "leader": leader,
                     "conditions": conds,
                 },
