@@ -1,0 +1,443 @@
+//! Every way a Plugin's pull can fail refuses that one Plugin with a clear reason on its status and
+//! touches nothing else: a real OCI registry (CNCF distribution, TLS from its own CA, basic auth)
+//! and the real API server, judged by the Plugin's conditions, the registry's own request log and
+//! the writes of the plugin that keeps running beside them. A restart while the registry is down
+//! runs what the disk cache holds.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use common::objects::{condition, install_crd};
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testenv::registry::{Broken, Layout, Registry, RegistryOptions, RegistryRequest};
+use wasm_controller_manager::app::Manager;
+use wasm_controller_manager::loading::objects::{self, ObjectSettings};
+use wasm_controller_manager::loading::plugins::FileStatus;
+
+const IDENTITY_NS: &str = "wcm-system";
+/// The cap on a component in this test (`--max-plugin-bytes`).
+const MAX_BYTES: usize = 4 << 20;
+
+fn object(name: &str, reference: &str, pull_secret: Option<&str>) -> Result<DynamicObject> {
+    let mut o = json!({
+        "apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
+        "metadata": {"name": name},
+        "spec": {"source": {"oci": reference}},
+    });
+    if let Some(s) = pull_secret {
+        o["spec"]["pullSecret"] = s.into();
+    }
+    Ok(serde_json::from_value(o)?)
+}
+
+async fn docker_secret(client: &kube::Client, name: &str, config: &str) -> Result<()> {
+    ensure_namespace(client, IDENTITY_NS).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), IDENTITY_NS);
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": config},
+    }))?;
+    secrets
+        .patch(
+            name,
+            &PatchParams::apply("plugin-registry-failures").force(),
+            &Patch::Apply(&s),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until the Plugin's condition `t` has `status` and `reason`; returns the object.
+async fn wait_condition(
+    plugins: &Api<DynamicObject>,
+    name: &str,
+    t: &str,
+    status: &str,
+    reason: &str,
+) -> Result<DynamicObject> {
+    let what = format!("{name}: {t} {status} {reason}");
+    let found = eventually(&what, Duration::from_secs(60), || async {
+        let o = plugins.get(name).await?;
+        Ok(condition(&o, t)
+            .is_some_and(|c| c["status"] == status && c["reason"] == reason)
+            .then_some(o))
+    })
+    .await;
+    if found.is_err()
+        && let Ok(o) = plugins.get(name).await
+    {
+        println!("{name} status: {:#}", o.data["status"]);
+    }
+    let o = found?;
+    println!(
+        "{name}: {t} {status} {reason}: {}",
+        condition(&o, t)
+            .map(|c| c["message"].clone())
+            .unwrap_or_default()
+    );
+    Ok(o)
+}
+
+fn in_repo<'a>(requests: &'a [RegistryRequest], repo: &str) -> Vec<&'a RegistryRequest> {
+    requests
+        .iter()
+        .filter(|r| r.path.starts_with(&format!("/v2/{repo}/")))
+        .collect()
+}
+
+fn blob_gets(requests: &[&RegistryRequest]) -> usize {
+    requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/blobs/"))
+        .count()
+}
+
+fn settings(registry: &Registry, cache: &Path) -> Result<ObjectSettings> {
+    Ok(ObjectSettings {
+        registries: [registry.host().to_string()].into(),
+        plain_http: Vec::new(),
+        ca_pem: Some(
+            registry
+                .ca_pem()
+                .context("a TLS registry has a CA")?
+                .as_bytes()
+                .to_vec(),
+        ),
+        cache: Some(cache.to_path_buf()),
+        max_bytes: MAX_BYTES,
+        secrets_namespace: IDENTITY_NS.into(),
+        ceilings: Default::default(),
+    })
+}
+
+async fn start(dir: &Path, registry: &Registry, cache: &Path) -> Result<Manager> {
+    let mut cfg = test_config(dir);
+    cfg.max_plugin_bytes = MAX_BYTES as u64;
+    cfg.plugin_objects = Some(settings(registry, cache)?);
+    start_manager(cfg).await
+}
+
+/// The plugin that keeps running beside the failures still reconciles a new change.
+async fn still_reconciles(cms: &Api<ConfigMap>, name: &str) -> Result<()> {
+    cms.create(&PostParams::default(), &cm(name, &[("value", name)]))
+        .await?;
+    eventually(
+        "the running plugin still reconciles",
+        Duration::from_secs(30),
+        || async {
+            Ok(reconciled_annotations(cms)
+                .await?
+                .get(name)
+                .is_some_and(|v| v == name)
+                .then_some(()))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_runs_the_cache()
+-> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("wasm_controller_manager=info")
+        .with_test_writer()
+        .try_init();
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    let registry = Registry::start(RegistryOptions {
+        tls: true,
+        auth: true,
+    })
+    .await?;
+    docker_secret(&client, "regcred", &registry.dockerconfigjson()).await?;
+    let wrong = registry.dockerconfigjson().replace(
+        &registry.credentials().context("auth")?.password,
+        "not-the-password",
+    );
+    docker_secret(&client, "wrongcred", &wrong).await?;
+    let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
+    const NAMES: [&str; 11] = [
+        "well-behaved",
+        "no-secret",
+        "missing-secret",
+        "wrong-password",
+        "unknown-digest",
+        "corrupt-layer",
+        "too-large",
+        "longer-than-declared",
+        "tar-layer",
+        "core-module",
+        "other-world",
+    ];
+    for n in NAMES {
+        let _ = plugins.delete(n, &DeleteParams::default()).await;
+    }
+
+    let wb = plugin("well-behaved")?;
+    grant(std::slice::from_ref(&wb)).await?;
+    let pushed = |repo: &'static str, path: std::path::PathBuf, broken: Broken| {
+        let registry = &registry;
+        async move {
+            registry
+                .push_with(&path, repo, "1", Layout::Cncf, &broken)
+                .await
+        }
+    };
+    let good = pushed("plugins/well-behaved", wb.clone(), Broken::default()).await?;
+    let work = temp_dir("registry-failures")?;
+    let core = work.join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0")?;
+
+    let dir = temp_dir("registry-failures-plugins")?;
+    let cache = temp_dir("registry-failures-cache")?;
+    let manager = start(&dir, &registry, &cache).await?;
+    let ns = env.namespace("registry-failures").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+
+    // The plugin that runs beside every failure.
+    plugins
+        .create(
+            &PostParams::default(),
+            &object("well-behaved", &good.reference, Some("regcred"))?,
+        )
+        .await?;
+    wait_condition(&plugins, "well-behaved", "Ready", "True", "Running").await?;
+    still_reconciles(&cms, "before").await?;
+
+    let create = |name: &'static str, reference: String, secret: Option<&'static str>| {
+        let plugins = plugins.clone();
+        async move {
+            plugins
+                .create(&PostParams::default(), &object(name, &reference, secret)?)
+                .await?;
+            anyhow::Ok(())
+        }
+    };
+
+    // No pull Secret for a registry that asks for credentials: Unauthorized, nothing downloaded.
+    let mark = registry.request_mark()?;
+    create("no-secret", good.reference.clone(), None).await?;
+    wait_condition(&plugins, "no-secret", "Pulled", "False", "Unauthorized").await?;
+    // A pull Secret that does not exist: said, and the registry is not asked.
+    create("missing-secret", good.reference.clone(), Some("nope")).await?;
+    wait_condition(
+        &plugins,
+        "missing-secret",
+        "Pulled",
+        "False",
+        "PullSecretMissing",
+    )
+    .await?;
+    // A wrong password: Unauthorized.
+    create("wrong-password", good.reference.clone(), Some("wrongcred")).await?;
+    wait_condition(
+        &plugins,
+        "wrong-password",
+        "Pulled",
+        "False",
+        "Unauthorized",
+    )
+    .await?;
+    let seen = registry.requests_since(mark)?;
+    let repo = in_repo(&seen, "plugins/well-behaved");
+    assert_eq!(blob_gets(&repo), 0, "nothing downloaded: {repo:#?}");
+    assert!(
+        repo.iter().all(|r| r.status == 401),
+        "every request refused: {repo:#?}"
+    );
+    assert!(!repo.is_empty(), "the registry was asked");
+
+    // A digest the registry does not have: NotFound.
+    let unknown = format!(
+        "{}/plugins/well-behaved@sha256:{}",
+        registry.host(),
+        wasm_controller_manager::sandbox::sha256_hex(b"no such manifest")
+    );
+    create("unknown-digest", unknown, Some("regcred")).await?;
+    wait_condition(&plugins, "unknown-digest", "Pulled", "False", "NotFound").await?;
+
+    // A layer whose bytes are not what the manifest names: DigestMismatch.
+    let corrupt = pushed(
+        "plugins/corrupt",
+        wb.clone(),
+        Broken {
+            corrupt_layer: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    create("corrupt-layer", corrupt.reference.clone(), Some("regcred")).await?;
+    wait_condition(
+        &plugins,
+        "corrupt-layer",
+        "Pulled",
+        "False",
+        "DigestMismatch",
+    )
+    .await?;
+
+    // Too large, by the manifest: refused before the layer is asked for.
+    let mark = registry.request_mark()?;
+    let huge = pushed(
+        "plugins/huge",
+        wb.clone(),
+        Broken {
+            huge_layer: Some(MAX_BYTES as u64 + 1),
+            ..Default::default()
+        },
+    )
+    .await?;
+    create("too-large", huge.reference.clone(), Some("regcred")).await?;
+    wait_condition(&plugins, "too-large", "Pulled", "False", "TooLarge").await?;
+    let seen = registry.requests_since(mark)?;
+    assert_eq!(
+        blob_gets(&in_repo(&seen, "plugins/huge")),
+        0,
+        "the layer was never asked for"
+    );
+    // A layer longer than its manifest says: cut at the declared size.
+    let lying = pushed(
+        "plugins/lying",
+        wb.clone(),
+        Broken {
+            claim_layer_size: Some(1000),
+            ..Default::default()
+        },
+    )
+    .await?;
+    create(
+        "longer-than-declared",
+        lying.reference.clone(),
+        Some("regcred"),
+    )
+    .await?;
+    wait_condition(
+        &plugins,
+        "longer-than-declared",
+        "Pulled",
+        "False",
+        "DigestMismatch",
+    )
+    .await?;
+
+    // Not a wasm artifact (a tar layer): refused from the manifest.
+    let mark = registry.request_mark()?;
+    let tar = pushed(
+        "plugins/tar",
+        wb.clone(),
+        Broken {
+            layer_media_type: Some("application/vnd.oci.image.layer.v1.tar".into()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    create("tar-layer", tar.reference.clone(), Some("regcred")).await?;
+    wait_condition(&plugins, "tar-layer", "Pulled", "False", "NotAWasmArtifact").await?;
+    assert_eq!(
+        blob_gets(&in_repo(&registry.requests_since(mark)?, "plugins/tar")),
+        0
+    );
+    // Not a component (a core module), and a component of another world: pulled, then refused
+    // by the loader as a file of the directory would be.
+    let core_ref = pushed("plugins/core", core.clone(), Broken::default())
+        .await?
+        .reference;
+    create("core-module", core_ref, Some("regcred")).await?;
+    let o = wait_condition(&plugins, "core-module", "Ready", "False", "Refused").await?;
+    assert_eq!(condition(&o, "Pulled").context("Pulled")?["status"], "True");
+    let other_ref = pushed(
+        "plugins/other-world",
+        plugin("not-a-plugin")?,
+        Broken::default(),
+    )
+    .await?
+    .reference;
+    create("other-world", other_ref, Some("regcred")).await?;
+    wait_condition(&plugins, "other-world", "Ready", "False", "Refused").await?;
+
+    // Through all of it, the running plugin kept running and reconciling.
+    assert!(
+        matches!(
+            status_of(&manager, "Plugin/well-behaved").await,
+            Some(FileStatus::Running { .. })
+        ),
+        "the running plugin kept running"
+    );
+    still_reconciles(&cms, "after-failures").await?;
+
+    // The registry down: a new digest for the running plugin cannot be pulled; the version
+    // already running keeps running, the condition says why, and it is retried.
+    let mut wb2_bytes = std::fs::read(&wb)?;
+    wb2_bytes.extend_from_slice(&[0, 8, 4, b'w', b'c', b'm', b'2', 1, 2, 3]);
+    let wb2 = work.join("well-behaved-2.wasm");
+    std::fs::write(&wb2, &wb2_bytes)?;
+    let second = pushed("plugins/well-behaved", wb2.clone(), Broken::default()).await?;
+    registry.stop()?;
+    plugins
+        .patch(
+            "well-behaved",
+            &PatchParams::apply("plugin-registry-failures").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
+                "spec": {"source": {"oci": second.reference}, "pullSecret": "regcred"},
+            })),
+        )
+        .await?;
+    wait_condition(&plugins, "well-behaved", "Pulled", "False", "Unreachable").await?;
+    let first_sha = wasm_controller_manager::sandbox::sha256_hex(&std::fs::read(&wb)?);
+    assert!(
+        matches!(status_of(&manager, "Plugin/well-behaved").await, Some(FileStatus::Running { sha256, .. }) if sha256 == first_sha),
+        "the running version keeps running while the registry is down"
+    );
+    still_reconciles(&cms, "during-outage").await?;
+    // Back: retried with backoff, and the new version runs.
+    registry.resume()?;
+    let second_sha = wasm_controller_manager::sandbox::sha256_hex(&wb2_bytes);
+    wait_status_within(
+        &manager,
+        "Plugin/well-behaved",
+        "the new version once the registry is back",
+        Duration::from_secs(60),
+        |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == second_sha),
+    )
+    .await?;
+
+    // A restart while the registry is down runs what the disk cache holds, asking it nothing.
+    for n in &NAMES[1..] {
+        plugins.delete(n, &DeleteParams::default()).await?;
+    }
+    manager.stop().await;
+    registry.stop()?;
+    let mark = registry.request_mark()?;
+    let manager = start(&dir, &registry, &cache).await?;
+    wait_status_within(
+        &manager,
+        "Plugin/well-behaved",
+        "running from the disk cache",
+        Duration::from_secs(60),
+        |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == second_sha),
+    )
+    .await?;
+    wait_condition(&plugins, "well-behaved", "Pulled", "True", "FromCache").await?;
+    still_reconciles(&cms, "after-restart").await?;
+    assert_eq!(
+        registry.requests_since(mark)?.len(),
+        0,
+        "nothing reached the registry"
+    );
+    registry.resume()?;
+    plugins
+        .delete("well-behaved", &DeleteParams::default())
+        .await?;
+    manager.stop().await;
+    Ok(())
+}
