@@ -304,10 +304,15 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
         0,
         "the layer was never asked for"
     );
-    // A layer longer than its manifest says: cut at the declared size.
+    // A layer longer than its manifest says (bytes no other Plugin pulled, so they are
+    // downloaded): cut at the declared size.
+    let mut lying_bytes = std::fs::read(&wb)?;
+    lying_bytes.extend_from_slice(&[0, 7, 3, b'l', b'i', b'e', 1, 2, 3]);
+    let lying_wasm = work.join("lying.wasm");
+    std::fs::write(&lying_wasm, &lying_bytes)?;
     let lying = pushed(
         "plugins/lying",
-        wb.clone(),
+        lying_wasm,
         Broken {
             claim_layer_size: Some(1000),
             ..Default::default()

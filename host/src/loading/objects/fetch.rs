@@ -165,21 +165,72 @@ impl Fetcher {
         })
     }
 
-    /// The component `origin` names, from the disk cache when it holds it, else fetched (and
-    /// then cached).
+    /// The component `origin` names, from the disk cache when it holds it and this object may
+    /// have it without asking the registry, else fetched (and then cached).
+    ///
+    /// A component pulled from a registry is kept with a record of who pulled it: a hash of the
+    /// registry, the repository and the credentials used. The cache serves it without the
+    /// network only to the same registry, repository and credentials (a restart while the
+    /// registry is down); any other Plugin naming the same digest must first be let in by the
+    /// registry itself (its manifest fetched with its own credentials), as Kubernetes' "ensure
+    /// secret pulled images" does for node images. An https component is public by its URL.
     pub async fn fetch(
         &self,
         origin: &Origin,
         credentials: Option<&Credentials>,
     ) -> Result<Fetched, FetchError> {
-        if let Some(hit) = self.cached(origin) {
+        let access = access_key(origin, credentials);
+        if let Some(hit) = self.cached(origin)
+            && self.pulled_with(origin, &access)
+        {
             return Ok(hit);
         }
         let fetched = match origin {
             Origin::Oci(r) => self.fetch_oci(r, credentials).await?,
             Origin::Https { url, sha256, .. } => self.fetch_https(url, sha256).await?,
         };
+        self.record_access(origin, &access);
         Ok(fetched)
+    }
+
+    /// Whether a pull of `origin` with these credentials succeeded before (by the record kept
+    /// beside the cached manifest).
+    fn pulled_with(&self, origin: &Origin, access: &str) -> bool {
+        let Origin::Oci(r) = origin else {
+            return true;
+        };
+        let Some(dir) = &self.cache else {
+            return false;
+        };
+        super::store::read_private(
+            &dir.join("oci").join(format!("{}.access", r.digest)),
+            64 << 10,
+        )
+        .map(|b| String::from_utf8_lossy(&b).lines().any(|l| l == access))
+        .unwrap_or(false)
+    }
+
+    fn record_access(&self, origin: &Origin, access: &str) {
+        let (Origin::Oci(r), Some(dir)) = (origin, &self.cache) else {
+            return;
+        };
+        let path = dir.join("oci").join(format!("{}.access", r.digest));
+        let mut lines: Vec<String> = super::store::read_private(&path, 64 << 10)
+            .map(|b| {
+                String::from_utf8_lossy(&b)
+                    .lines()
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if lines.iter().any(|l| l == access) {
+            return;
+        }
+        // Bounded: the most recent 256 (registry, repository, credentials) that pulled it.
+        lines.push(access.to_string());
+        let keep = lines.len().saturating_sub(256);
+        let text = lines[keep..].join("\n") + "\n";
+        let _ = super::store::write_private(&path, text.as_bytes());
     }
 
     fn cached(&self, origin: &Origin) -> Option<Fetched> {
@@ -229,6 +280,33 @@ impl Fetcher {
             ));
         }
         let (layer_digest, size) = wasm_layer(&raw, self.max_bytes)?;
+        // The registry let this object in: a layer already in the cache is not downloaded again.
+        if let Some(dir) = &self.cache
+            && let Ok(bytes) = super::store::read_private(
+                &dir.join("blobs").join(format!("{layer_digest}.wasm")),
+                self.max_bytes,
+            )
+            && hex_sha(&bytes) == layer_digest
+        {
+            if bytes.len() as u64 != size {
+                return Err(FetchError::new(
+                    "DigestMismatch",
+                    format!(
+                        "the wasm layer is {} bytes, not the {size} its manifest declares",
+                        bytes.len()
+                    ),
+                ));
+            }
+            let _ = super::store::write_private(
+                &dir.join("oci").join(format!("{}.json", r.digest)),
+                &raw,
+            );
+            return Ok(Fetched {
+                bytes: bytes.into(),
+                sha256: layer_digest,
+                cached: true,
+            });
+        }
         // The declared size bounds the read: a layer longer than its manifest says is refused
         // before it is all in memory.
         let bytes = session
@@ -298,6 +376,20 @@ impl Fetcher {
             cached: false,
         })
     }
+}
+
+/// Who pulled `origin`: a hash of the registry, repository and credentials (never the
+/// credentials themselves).
+fn access_key(origin: &Origin, credentials: Option<&Credentials>) -> String {
+    let (registry, repository) = match origin {
+        Origin::Oci(r) => (r.registry.as_str(), r.repository.as_str()),
+        Origin::Https { authority, .. } => (authority.as_str(), ""),
+    };
+    let mut text = format!("{registry}\0{repository}\0");
+    if let Some(c) = credentials {
+        text.push_str(&format!("{}\0{}", c.username, c.password));
+    }
+    hex_sha(text.as_bytes())
 }
 
 fn hex_sha(bytes: &[u8]) -> String {

@@ -469,7 +469,7 @@ fn unreachable(method: &str, what: &str, e: &reqwest::Error) -> FetchError {
     // reqwest's text names the URL, which `what` already says.
     let mut text = e.to_string();
     if let Some(u) = e.url() {
-        text = text.replace(u.as_str(), "");
+        text = text.replace(u.as_str(), "").replace(" for url ()", "");
     }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

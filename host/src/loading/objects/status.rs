@@ -102,7 +102,7 @@ fn conditions(
                 } else {
                     cond("Granted", None, "Waiting", "")
                 },
-                cond("Ready", Some(false), reason.as_str(), message),
+                cond("Ready", Some(false), &camel(reason.as_str()), message),
                 "waiting",
                 message.clone(),
             )
@@ -265,6 +265,18 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             }
         }
     }
+}
+
+/// `name_taken` → `NameTaken`: a condition reason as Kubernetes writes them.
+fn camel(word: &str) -> String {
+    word.split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// `v` without its null members (an absent field, for server-side apply: the schema refuses null).
