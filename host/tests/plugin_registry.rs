@@ -373,6 +373,20 @@ async fn two_replicas_pull_lead_swap_and_stop_plugins_from_a_registry() -> Resul
         o.data["status"]["declares"]
     );
 
+    // The entry of a replica gone long ago (a Pod replaced by a rollout), written under its own
+    // field manager as it would have: removed by the replica that writes the object's status.
+    plugins
+        .patch_status(
+            "well-behaved",
+            &PatchParams::apply("wcm-replica-gone_0").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
+                "status": {"replicas": [{"name": "gone_0", "state": "running",
+                    "lastSeen": "2026-01-01T00:00:00Z"}]},
+            })),
+        )
+        .await?;
+
     // 2. A new digest: swapped in both replicas without a restart, and every ConfigMap created
     // meanwhile is reconciled.
     let swap = {
@@ -421,6 +435,22 @@ async fn two_replicas_pull_lead_swap_and_stop_plugins_from_a_registry() -> Resul
     )
     .await?;
     assert!(first.alive() && second.alive(), "no replica restarted");
+    let names = eventually(
+        "the gone replica's entry removed, the live ones kept",
+        Duration::from_secs(30),
+        || async {
+            let o = plugins.get("well-behaved").await?;
+            let names: Vec<String> = o.data["status"]["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["name"].as_str().map(str::to_string))
+                .collect();
+            Ok((names.len() == 2 && !names.iter().any(|n| n == "gone_0")).then_some(names))
+        },
+    )
+    .await?;
+    println!("status.replicas after the swap: {names:?}");
 
     // 3. The network plugin from the registry: a Network Ready in the real Neutron.
     plugins

@@ -18,6 +18,10 @@ use crate::loading::plugins::{FileStatus, PluginManager};
 const SHARED_MANAGER: &str = "wcm-plugin-status";
 /// At most one status write per object per this long, per replica.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Each replica rewrites its entry this often even when nothing changed (its `lastSeen`).
+const REFRESH: Duration = Duration::from_secs(300);
+/// An entry not rewritten for this long belongs to a replica that is gone: it is removed.
+const GONE_AFTER: Duration = Duration::from_secs(900);
 
 /// The condition list and the replica entry one replica computes for one object.
 fn conditions(
@@ -143,14 +147,11 @@ fn conditions(
 /// task is dropped.
 pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica: String) {
     let api: Api<DynamicObject> = Api::all_with(source.client.clone(), &resource());
-    let replica_manager = format!(
-        "wcm-replica-{}",
-        crate::contract::validate::log_text(&replica, 100)
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-            .collect::<String>()
-    );
-    let mut written: std::collections::BTreeMap<String, Value> = Default::default();
+    let replica_manager = manager_of(&replica);
+    // What was last written per object, and when: rewritten every REFRESH even if unchanged, so
+    // the entry's `lastSeen` tells the others this replica is alive.
+    let mut written: std::collections::BTreeMap<String, (Value, std::time::Instant)> =
+        Default::default();
     // The last write error per object: said once, not at every retry.
     let mut failing: std::collections::BTreeMap<String, String> = Default::default();
     let mut tick = tokio::time::interval(Duration::from_secs(10));
@@ -234,16 +235,22 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             // The object-wide fields: by the leader, or by everyone while nobody leads.
             let write_whole = leading || leader.is_none();
             let snapshot = json!([mine, write_whole.then_some(&whole)]);
-            if written.get(&name) == Some(&snapshot) {
+            if written
+                .get(&name)
+                .is_some_and(|(w, at)| *w == snapshot && at.elapsed() < REFRESH)
+            {
                 continue;
             }
+            let mut mine = mine;
+            mine["status"]["replicas"][0]["lastSeen"] =
+                k8s_openapi::jiff::Timestamp::now().to_string().into();
             let mut ok = true;
             for (doc, manager) in [
                 (Some(&mine), replica_manager.as_str()),
                 (write_whole.then_some(&whole), SHARED_MANAGER),
             ] {
                 let Some(doc) = doc else { continue };
-                if let Err(e) = api
+                match api
                     .patch_status(
                         &name,
                         &PatchParams::apply(manager).force(),
@@ -251,17 +258,83 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
                     )
                     .await
                 {
-                    ok = false;
-                    let text = e.to_string();
-                    if failing.get(&name) != Some(&text) {
-                        tracing::warn!(plugin_object = %name, "writing the Plugin's status failed: {text}");
-                        failing.insert(name.clone(), text);
+                    Ok(o) if manager == SHARED_MANAGER => {
+                        prune_gone_replicas(&api, &name, &o, &replica).await;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        ok = false;
+                        let text = e.to_string();
+                        if failing.get(&name) != Some(&text) {
+                            tracing::warn!(plugin_object = %name, "writing the Plugin's status failed: {text}");
+                            failing.insert(name.clone(), text);
+                        }
                     }
                 }
             }
             if ok {
                 failing.remove(&name);
-                written.insert(name, snapshot);
+                written.insert(name, (snapshot, std::time::Instant::now()));
+            }
+        }
+    }
+}
+
+/// The field manager of one replica's entry in `status.replicas`.
+fn manager_of(replica: &str) -> String {
+    format!(
+        "wcm-replica-{}",
+        crate::contract::validate::log_text(replica, 100)
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            .collect::<String>()
+    )
+}
+
+/// Removes the entries of replicas not seen for `GONE_AFTER` (Pods replaced by a rollout, a
+/// replica that died): each by applying nothing under that replica's own field manager, which
+/// takes away exactly the fields it owned.
+async fn prune_gone_replicas(api: &Api<DynamicObject>, name: &str, o: &DynamicObject, me: &str) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let Some(entries) = o.data["status"]["replicas"].as_array() else {
+        return;
+    };
+    for e in entries {
+        let Some(other) = e["name"].as_str() else {
+            continue;
+        };
+        if other == me {
+            continue;
+        }
+        let seen = e["lastSeen"]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+        let gone = seen.is_none_or(|t| {
+            now.duration_since(t)
+                .try_into()
+                .is_ok_and(|d: Duration| d > GONE_AFTER)
+        });
+        if !gone {
+            continue;
+        }
+        let empty = json!({
+            "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
+            "kind": spec::KIND,
+            "metadata": {"name": name},
+        });
+        match api
+            .patch_status(
+                name,
+                &PatchParams::apply(&manager_of(other)).force(),
+                &Patch::Apply(&empty),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(plugin_object = %name, replica = %crate::contract::validate::log_text(other, 100), "removed the status entry of a replica not seen for {GONE_AFTER:?}")
+            }
+            Err(e) => {
+                tracing::debug!(plugin_object = %name, "removing a gone replica's status entry: {e}")
             }
         }
     }
