@@ -357,6 +357,10 @@ struct RunArgs {
         value_delimiter = ','
     )]
     plugin_object_hosts: Vec<String>,
+    /// Memory for the components of all Plugin objects together, MiB (each also within
+    /// --max-plugin-bytes); a Plugin past it waits, reported on its status, until room is made.
+    #[arg(long, env = "WCM_PLUGIN_OBJECTS_MAX_TOTAL_MB", default_value_t = 512)]
+    plugin_objects_max_total_mb: u64,
     /// First retry delay of a failing key, milliseconds (doubles per failure).
     #[arg(long, env = "WCM_RETRY_BASE_MS", default_value_t = 5)]
     retry_base_ms: u64,
@@ -628,6 +632,8 @@ impl RunArgs {
                 ca_pem,
                 cache: self.plugin_cache.clone(),
                 max_bytes: usize::try_from(self.max_plugin_bytes).unwrap_or(usize::MAX),
+                max_total_bytes: usize::try_from(self.plugin_objects_max_total_mb << 20)
+                    .unwrap_or(usize::MAX),
                 secrets_namespace: identity.namespace.clone(),
                 ceilings: wasm_controller_manager::loading::objects::spec::Ceilings {
                     hosts: self.plugin_object_hosts.iter().cloned().collect(),

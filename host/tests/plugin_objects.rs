@@ -140,6 +140,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         ca_pem: Some(std::fs::read(pki.join("ca.crt"))?),
         cache: Some(cache.clone()),
         max_bytes: 64 << 20,
+        max_total_bytes: 256 << 20,
         secrets_namespace: "wcm-system".into(),
         ceilings: Default::default(),
     });

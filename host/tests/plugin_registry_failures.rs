@@ -23,6 +23,33 @@ use wasm_controller_manager::loading::plugins::FileStatus;
 const IDENTITY_NS: &str = "wcm-system";
 /// The cap on a component in this test (`--max-plugin-bytes`).
 const MAX_BYTES: usize = 4 << 20;
+/// The cap on the components of all Plugins together (`--plugin-objects-max-total-mb`): room for
+/// the small ones below, not for one more of 2 MiB.
+const MAX_TOTAL: usize = 2 << 20;
+
+/// A custom section named `name` holding `len` zero bytes (a component with it appended is the
+/// same component, other bytes).
+fn custom_section(name: &str, len: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+    let mut payload = Vec::new();
+    leb(name.len(), &mut payload);
+    payload.extend_from_slice(name.as_bytes());
+    payload.resize(payload.len() + len, 0);
+    let mut out = vec![0];
+    leb(payload.len(), &mut out);
+    out.extend(payload);
+    out
+}
 
 fn object(name: &str, reference: &str, pull_secret: Option<&str>) -> Result<DynamicObject> {
     let mut o = json!({
@@ -113,6 +140,7 @@ fn settings(registry: &Registry, cache: &Path) -> Result<ObjectSettings> {
         ),
         cache: Some(cache.to_path_buf()),
         max_bytes: MAX_BYTES,
+        max_total_bytes: MAX_TOTAL,
         secrets_namespace: IDENTITY_NS.into(),
         ceilings: Default::default(),
     })
@@ -165,7 +193,7 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
     );
     docker_secret(&client, "wrongcred", &wrong).await?;
     let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
-    const NAMES: [&str; 11] = [
+    const NAMES: [&str; 12] = [
         "well-behaved",
         "no-secret",
         "missing-secret",
@@ -177,6 +205,7 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
         "tar-layer",
         "core-module",
         "other-world",
+        "over-budget",
     ];
     for n in NAMES {
         let _ = plugins.delete(n, &DeleteParams::default()).await;
@@ -368,6 +397,17 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
     .reference;
     create("other-world", other_ref, Some("regcred")).await?;
     wait_condition(&plugins, "other-world", "Ready", "False", "Refused").await?;
+
+    // Over the memory for all Plugins' components together: waits, said on its status.
+    let mut big = std::fs::read(&wb)?;
+    big.extend(custom_section("pad", 2 << 20));
+    let big_wasm = work.join("big.wasm");
+    std::fs::write(&big_wasm, &big)?;
+    let big_ref = pushed("plugins/big", big_wasm, Broken::default())
+        .await?
+        .reference;
+    create("over-budget", big_ref, Some("regcred")).await?;
+    wait_condition(&plugins, "over-budget", "Pulled", "False", "OverBudget").await?;
 
     // Through all of it, the running plugin kept running and reconciling.
     assert!(

@@ -29,7 +29,7 @@ use fetch::{Credentials, FetchError, Fetcher};
 use spec::{Origin, PluginSpec};
 
 /// At most this many Plugin objects are served; past it, the rest are reported and skipped.
-pub const MAX_OBJECTS: usize = 256;
+pub const MAX_OBJECTS: usize = 128;
 /// Fetches running at once, over all objects.
 const FETCHES_AT_ONCE: usize = 2;
 /// A whole fetch (manifest and blob) may take this long.
@@ -49,6 +49,9 @@ pub struct ObjectSettings {
     /// Where fetched components are kept (by digest).
     pub cache: Option<PathBuf>,
     pub max_bytes: usize,
+    /// The components of all Plugin objects together are held in memory up to this many bytes
+    /// (`--plugin-objects-max-total-mb`); a fetch past it waits for room.
+    pub max_total_bytes: usize,
     /// The namespace of pull Secrets (the host's).
     pub secrets_namespace: String,
     /// What an object's settings may ask for (filled by the manager from its own settings).
@@ -296,6 +299,11 @@ impl ObjectSource {
             };
             let retry_in = {
                 let mut objects = lock(&self.objects);
+                let others: usize = objects
+                    .iter()
+                    .filter(|(n, _)| **n != name)
+                    .filter_map(|(_, s)| s.loadable.as_ref().map(|l| l.bytes.len()))
+                    .sum();
                 let Some(state) = objects.get_mut(&name) else {
                     return;
                 };
@@ -304,6 +312,21 @@ impl ObjectSource {
                     // The spec changed meanwhile: fetch what it names now.
                     continue;
                 }
+                // Room for it among what the other objects hold.
+                let result = result.and_then(|fetched| {
+                    let total = others.saturating_add(fetched.bytes.len());
+                    if total > self.settings.max_total_bytes {
+                        return Err(FetchError {
+                            reason: "OverBudget",
+                            message: format!(
+                                "the components of all Plugin objects would hold {:.1} MiB, over --plugin-objects-max-total-mb ({}); retried when room is made",
+                                total as f64 / f64::from(1 << 20),
+                                self.settings.max_total_bytes >> 20
+                            ),
+                        });
+                    }
+                    Ok(fetched)
+                });
                 match result {
                     Ok(fetched) => {
                         // The settings and generation of the spec as it is now: a settings change
@@ -415,7 +438,7 @@ fn backoff(attempts: u32) -> Duration {
 impl FetchError {
     /// Retried by the fetch loop: a retry can help (the registry or the Secret may come back).
     pub fn is_transient(&self) -> bool {
-        self.retryable() || self.reason.starts_with("PullSecret")
+        self.retryable() || self.reason.starts_with("PullSecret") || self.reason == "OverBudget"
     }
 }
 
