@@ -309,7 +309,7 @@ async fn run() {
                 .reference
         }
     };
-    let rust_bytes = std::fs::read(artifact("well-behaved")).expect("well-behaved");
+    let rust_bytes = std::fs::read(artifact("well_behaved")).expect("well-behaved");
     let py_bytes = std::fs::read(artifact("config_reloader")).expect("config_reloader");
     let rust_ref = push(
         "rust",

@@ -572,7 +572,7 @@ fn listen_addr(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
 }
 
 impl RunArgs {
-    fn into_config(self) -> anyhow::Result<RunConfig> {
+    fn into_config(mut self) -> anyhow::Result<RunConfig> {
         let metrics_addr = listen_addr("metrics-addr", &self.metrics_addr)?;
         let health_addr = listen_addr("health-addr", &self.health_addr)?;
         if let (Some(m), Some(h)) = (metrics_addr, health_addr) {
@@ -620,6 +620,22 @@ impl RunArgs {
                     })?),
                     None => None,
                 };
+            for r in self
+                .plugin_registries
+                .iter()
+                .chain(&self.plugin_registry_plain_http)
+                .chain(&self.plugin_object_hosts)
+            {
+                wasm_controller_manager::loading::objects::spec::check_authority(r)
+                    .map_err(|e| anyhow::anyhow!("--plugin-registry/--plugin-object-host: {e}"))?;
+            }
+            let normal = wasm_controller_manager::loading::objects::spec::normal_authority;
+            self.plugin_registries = self.plugin_registries.iter().map(|r| normal(r)).collect();
+            self.plugin_registry_plain_http = self
+                .plugin_registry_plain_http
+                .iter()
+                .map(|r| normal(r))
+                .collect();
             for r in self.plugin_registry_plain_http.iter() {
                 anyhow::ensure!(
                     self.plugin_registries.contains(r),

@@ -16,6 +16,7 @@ use common::objects::{condition, install_crd};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_rustls::rustls;
@@ -244,7 +245,11 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         .patch(
             "well-behaved",
             &PatchParams::apply("plugin-objects-test").force(),
-            &Patch::Apply(patch("https://127.0.0.2:1/wb.wasm".into(), wb_sha.clone())),
+            // The same file server under a name not in --plugin-registry.
+            &Patch::Apply(patch(
+                format!("https://localhost:{port}/wb.wasm"),
+                wb_sha.clone(),
+            )),
         )
         .await?;
     eventually(
@@ -327,5 +332,118 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
     })
     .await?;
     manager.stop().await;
+    Ok(())
+}
+
+/// Writing a Plugin runs code as the plugin it names, and RBAC cannot limit `create` by name: the
+/// admission policy of `manifests/admission/` asks for the verb `run` on that very name. A user
+/// allowed to create Plugins and to run `team-a-reloader` is refused, by the API server, a Plugin
+/// named after another plugin, and may write its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn writing_a_plugin_needs_the_run_verb_on_its_name() -> Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    let text = std::fs::read_to_string(
+        testenv::repo_root().join("manifests/admission/plugin-names.yaml"),
+    )?;
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc)?;
+        let o: DynamicObject = serde_json::from_value(v.clone())?;
+        let gvk = kube::core::GroupVersionKind::try_from(o.types.as_ref().context("types")?)?;
+        let api: Api<DynamicObject> =
+            Api::all_with(client.clone(), &kube::core::ApiResource::from_gvk(&gvk));
+        api.patch(
+            o.metadata.name.as_deref().context("name")?,
+            &PatchParams::apply("plugin-objects-test").force(),
+            &Patch::Apply(&v),
+        )
+        .await?;
+    }
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "wcm-test:team-a-plugins"},
+        "rules": [
+            {"apiGroups": ["wcm.dev"], "resources": ["plugins"], "verbs": ["get", "create", "update", "patch", "delete"]},
+            {"apiGroups": ["wcm.dev"], "resources": ["plugins"], "verbs": ["run"], "resourceNames": ["team-a-reloader"]},
+        ],
+    }))?;
+    Api::<ClusterRole>::all(client.clone())
+        .patch(
+            "wcm-test:team-a-plugins",
+            &PatchParams::apply("plugin-objects-test").force(),
+            &Patch::Apply(&role),
+        )
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "wcm-test:team-a-plugins"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "wcm-test:team-a-plugins"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "team-a-dev"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch(
+            "wcm-test:team-a-plugins",
+            &PatchParams::apply("plugin-objects-test").force(),
+            &Patch::Apply(&binding),
+        )
+        .await?;
+    let mut as_dev = host_config().await?;
+    as_dev.auth_info.impersonate = Some("team-a-dev".into());
+    let dev = kube::Client::try_from(as_dev)?;
+    let theirs: Api<DynamicObject> = Api::all_with(dev, &objects::resource());
+    let ours: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
+    for n in ["team-a-reloader", "someone-elses"] {
+        let _ = ours.delete(n, &DeleteParams::default()).await;
+    }
+    let sha = "0".repeat(64);
+    let object = |name: &str| -> Result<DynamicObject> {
+        Ok(serde_json::from_value(plugin_object(
+            name,
+            "https://files.example/x.wasm",
+            &sha,
+        ))?)
+    };
+    // Refused once the policy is in force (the API server loads it within seconds).
+    let refusal = eventually(
+        "a Plugin of another name refused",
+        Duration::from_secs(30),
+        || async {
+            match theirs
+                .create(&PostParams::default(), &object("someone-elses")?)
+                .await
+            {
+                Ok(_) => {
+                    // Not yet in force: take it back and try again.
+                    ours.delete("someone-elses", &DeleteParams::default())
+                        .await?;
+                    Ok(None)
+                }
+                Err(kube::Error::Api(e)) => Ok(Some(e)),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await?;
+    println!("refused: {} {}", refusal.code, refusal.message);
+    assert_eq!(refusal.code, 403, "{refusal:?}");
+    assert!(
+        refusal.message.contains("needs the verb run"),
+        "{}",
+        refusal.message
+    );
+    assert!(ours.get_opt("someone-elses").await?.is_none(), "not stored");
+    // Its own name: allowed, and so is an update.
+    theirs
+        .create(&PostParams::default(), &object("team-a-reloader")?)
+        .await?;
+    theirs
+        .patch(
+            "team-a-reloader",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"https": {"url": "https://files.example/y.wasm", "sha256": sha}}}})),
+        )
+        .await?;
+    ours.delete("team-a-reloader", &DeleteParams::default())
+        .await?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use common::objects::{HostProcess, condition, install_crd};
+use common::objects::{HostProcess, install_crd};
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -44,7 +44,7 @@ async fn pull_secret(client: &kube::Client, registry: &Registry) -> Result<()> {
     ensure_namespace(client, IDENTITY_NS).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), IDENTITY_NS);
     let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": PULL_SECRET},
+        "metadata": {"name": PULL_SECRET, "annotations": {"wcm.dev/plugins": "*"}},
         "type": "kubernetes.io/dockerconfigjson",
         "stringData": {".dockerconfigjson": registry.dockerconfigjson()},
     }))?;

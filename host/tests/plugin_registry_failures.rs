@@ -63,12 +63,19 @@ fn object(name: &str, reference: &str, pull_secret: Option<&str>) -> Result<Dyna
     Ok(serde_json::from_value(o)?)
 }
 
-async fn docker_secret(client: &kube::Client, name: &str, config: &str) -> Result<()> {
+/// A pull Secret for the Plugins `plugins` names (its `wcm.dev/plugins` annotation; none: no
+/// annotation).
+async fn docker_secret(
+    client: &kube::Client,
+    name: &str,
+    config: &str,
+    plugins: Option<&str>,
+) -> Result<()> {
     ensure_namespace(client, IDENTITY_NS).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), IDENTITY_NS);
     let s: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "annotations": plugins.map(|p| json!({"wcm.dev/plugins": p}))},
         "type": "kubernetes.io/dockerconfigjson",
         "stringData": {".dockerconfigjson": config},
     }))?;
@@ -186,18 +193,27 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
         auth: true,
     })
     .await?;
-    docker_secret(&client, "regcred", &registry.dockerconfigjson()).await?;
+    docker_secret(&client, "regcred", &registry.dockerconfigjson(), Some("*")).await?;
+    // Right credentials, but for other Plugins only.
+    docker_secret(
+        &client,
+        "teamb-regcred",
+        &registry.dockerconfigjson(),
+        Some("team-b-one, team-b-two"),
+    )
+    .await?;
     let wrong = registry.dockerconfigjson().replace(
         &registry.credentials().context("auth")?.password,
         "not-the-password",
     );
-    docker_secret(&client, "wrongcred", &wrong).await?;
+    docker_secret(&client, "wrongcred", &wrong, Some("*")).await?;
     let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
-    const NAMES: [&str; 12] = [
+    const NAMES: [&str; 13] = [
         "well-behaved",
         "no-secret",
         "missing-secret",
         "wrong-password",
+        "other-teams-secret",
         "unknown-digest",
         "corrupt-layer",
         "too-large",
@@ -274,6 +290,22 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
         "Pulled",
         "False",
         "Unauthorized",
+    )
+    .await?;
+    // Another team's pull Secret (right credentials, not for this Plugin): refused, the
+    // registry not asked with it.
+    create(
+        "other-teams-secret",
+        good.reference.clone(),
+        Some("teamb-regcred"),
+    )
+    .await?;
+    wait_condition(
+        &plugins,
+        "other-teams-secret",
+        "Pulled",
+        "False",
+        "PullSecretInvalid",
     )
     .await?;
     let seen = registry.requests_since(mark)?;
@@ -456,13 +488,12 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
     )
     .await?;
 
-    // A restart while the registry is down runs what the disk cache holds, asking it nothing.
+    // A restart while the registry is down runs what the disk cache holds.
     for n in &NAMES[1..] {
         plugins.delete(n, &DeleteParams::default()).await?;
     }
     manager.stop().await;
     registry.stop()?;
-    let mark = registry.request_mark()?;
     let manager = start(&dir, &registry, &cache).await?;
     wait_status_within(
         &manager,
@@ -474,12 +505,26 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
     .await?;
     wait_condition(&plugins, "well-behaved", "Pulled", "True", "FromCache").await?;
     still_reconciles(&cms, "after-restart").await?;
-    assert_eq!(
-        registry.requests_since(mark)?.len(),
-        0,
-        "nothing reached the registry"
-    );
+    // And with the registry up, a restart asks it nothing either (what a stopped registry
+    // cannot show: it logs no refused connection).
+    manager.stop().await;
     registry.resume()?;
+    let mark = registry.request_mark()?;
+    let manager = start(&dir, &registry, &cache).await?;
+    wait_status_within(
+        &manager,
+        "Plugin/well-behaved",
+        "running from the disk cache, the registry up",
+        Duration::from_secs(60),
+        |s| matches!(s, FileStatus::Running { sha256, .. } if *sha256 == second_sha),
+    )
+    .await?;
+    still_reconciles(&cms, "after-second-restart").await?;
+    assert_eq!(
+        registry.requests_since(mark)?,
+        Vec::new(),
+        "the cache served it without the registry"
+    );
     plugins
         .delete("well-behaved", &DeleteParams::default())
         .await?;

@@ -403,7 +403,11 @@ impl PluginManager {
                         Some(o) => o.changed().await,
                         None => std::future::pending().await,
                     }
-                } => {}
+                } => {
+                    // Plugin objects change at the pace of whoever writes them: at most one
+                    // rescan a second for them (changes meanwhile are taken by that one).
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
             }
             self.rescan().await;
         }

@@ -65,6 +65,10 @@ pub struct Fetched {
     pub bytes: Arc<[u8]>,
     /// SHA-256 of the component's bytes, hex.
     pub sha256: String,
+    /// The manifest, for an OCI source (kept in the cache beside the layer).
+    pub manifest: Option<Vec<u8>>,
+    /// Who pulled it (see `Fetcher::fetch`).
+    pub access: String,
     /// Served from the disk cache, without the network.
     pub cached: bool,
 }
@@ -165,56 +169,85 @@ impl Fetcher {
         })
     }
 
-    /// The component `origin` names, from the disk cache when it holds it and this object may
-    /// have it without asking the registry, else fetched (and then cached).
+    /// The component `origin` names, from the disk cache when this object may have it without
+    /// asking the registry, else fetched. Nothing is written here: the caller keeps what it
+    /// accepts (`keep`), so a fetch refused for want of room leaves no file behind.
     ///
-    /// A component pulled from a registry is kept with a record of who pulled it: a hash of the
-    /// registry, the repository and the credentials used. The cache serves it without the
-    /// network only to the same registry, repository and credentials (a restart while the
-    /// registry is down); any other Plugin naming the same digest must first be let in by the
-    /// registry itself (its manifest fetched with its own credentials), as Kubernetes' "ensure
-    /// secret pulled images" does for node images. An https component is public by its URL.
+    /// A cached component carries a record of who pulled it: hashes of the registry, the
+    /// repository and the credentials used (the URL, for https). The cache serves it without the
+    /// network only to a combination in that record (a restart while the registry is down); any
+    /// other Plugin naming the same digest downloads it from its own source, which must let it
+    /// in and serve the bytes, as Kubernetes' "ensure secret pulled images" does for node images.
     pub async fn fetch(
         &self,
         origin: &Origin,
         credentials: Option<&Credentials>,
     ) -> Result<Fetched, FetchError> {
         let access = access_key(origin, credentials);
-        if let Some(hit) = self.cached(origin)
-            && self.pulled_with(origin, &access)
+        if self.pulled_with(origin, &access)
+            && let Some(mut hit) = self.cached(origin)
         {
+            hit.access = access;
             return Ok(hit);
         }
-        let fetched = match origin {
+        let mut fetched = match origin {
             Origin::Oci(r) => self.fetch_oci(r, credentials).await?,
             Origin::Https { url, sha256, .. } => self.fetch_https(url, sha256).await?,
         };
-        self.record_access(origin, &access);
+        fetched.access = access;
         Ok(fetched)
     }
 
-    /// Whether a pull of `origin` with these credentials succeeded before (by the record kept
-    /// beside the cached manifest).
-    fn pulled_with(&self, origin: &Origin, access: &str) -> bool {
-        let Origin::Oci(r) = origin else {
-            return true;
-        };
-        let Some(dir) = &self.cache else {
-            return false;
-        };
-        super::store::read_private(
-            &dir.join("oci").join(format!("{}.access", r.digest)),
-            64 << 10,
-        )
-        .map(|b| String::from_utf8_lossy(&b).lines().any(|l| l == access))
-        .unwrap_or(false)
+    /// The record of who pulled `origin`'s content.
+    fn access_file(&self, origin: &Origin) -> Option<PathBuf> {
+        let dir = self.cache.as_ref()?;
+        Some(match origin {
+            Origin::Oci(r) => dir.join("oci").join(format!("{}.access", r.digest)),
+            Origin::Https { sha256, .. } => dir.join("https").join(format!("{sha256}.access")),
+        })
     }
 
-    fn record_access(&self, origin: &Origin, access: &str) {
-        let (Origin::Oci(r), Some(dir)) = (origin, &self.cache) else {
+    /// Whether a pull of `origin` with these credentials succeeded before.
+    fn pulled_with(&self, origin: &Origin, access: &str) -> bool {
+        let Some(path) = self.access_file(origin) else {
+            return false;
+        };
+        super::store::read_private(&path, 64 << 10)
+            .map(|b| String::from_utf8_lossy(&b).lines().any(|l| l == access))
+            .unwrap_or(false)
+    }
+
+    /// Keeps an accepted component in the cache (a cache that cannot be written costs a pull at
+    /// the next start, nothing else), with who pulled it.
+    pub fn keep(&self, origin: &Origin, fetched: &Fetched) {
+        let Some(dir) = &self.cache else {
             return;
         };
-        let path = dir.join("oci").join(format!("{}.access", r.digest));
+        if !fetched.cached {
+            match origin {
+                Origin::Oci(r) => {
+                    let _ = super::store::write_private(
+                        &dir.join("blobs").join(format!("{}.wasm", fetched.sha256)),
+                        &fetched.bytes,
+                    );
+                    if let Some(m) = &fetched.manifest {
+                        let _ = super::store::write_private(
+                            &dir.join("oci").join(format!("{}.json", r.digest)),
+                            m,
+                        );
+                    }
+                }
+                Origin::Https { sha256, .. } => {
+                    let _ = super::store::write_private(
+                        &dir.join("https").join(format!("{sha256}.wasm")),
+                        &fetched.bytes,
+                    );
+                }
+            }
+        }
+        let Some(path) = self.access_file(origin) else {
+            return;
+        };
         let mut lines: Vec<String> = super::store::read_private(&path, 64 << 10)
             .map(|b| {
                 String::from_utf8_lossy(&b)
@@ -223,14 +256,62 @@ impl Fetcher {
                     .collect()
             })
             .unwrap_or_default();
-        if lines.iter().any(|l| l == access) {
+        if lines.iter().any(|l| *l == fetched.access) {
             return;
         }
-        // Bounded: the most recent 256 (registry, repository, credentials) that pulled it.
-        lines.push(access.to_string());
+        // Bounded: the most recent 256 combinations that pulled it.
+        lines.push(fetched.access.clone());
         let keep = lines.len().saturating_sub(256);
         let text = lines[keep..].join("\n") + "\n";
         let _ = super::store::write_private(&path, text.as_bytes());
+    }
+
+    /// Removes from the cache everything no Plugin names now: manifests (and their records) not
+    /// in `manifests`, layers not named by a kept manifest nor in `layers`, https components not
+    /// in `https`. The cache holds what the objects name, not every digest ever pulled.
+    pub fn retain(
+        &self,
+        manifests: &std::collections::BTreeSet<String>,
+        layers: &std::collections::BTreeSet<String>,
+        https: &std::collections::BTreeSet<String>,
+    ) {
+        let Some(dir) = &self.cache else {
+            return;
+        };
+        let stems = |sub: &str| -> Vec<(String, PathBuf)> {
+            std::fs::read_dir(dir.join(sub))
+                .into_iter()
+                .flatten()
+                .filter_map(|e| {
+                    let path = e.ok()?.path();
+                    let stem = path.file_name()?.to_str()?.split('.').next()?.to_string();
+                    Some((stem, path))
+                })
+                .collect()
+        };
+        let mut kept_layers = layers.clone();
+        for (stem, path) in stems("oci") {
+            if manifests.contains(&stem) {
+                if path.extension().is_some_and(|e| e == "json")
+                    && let Ok(raw) = super::store::read_private(&path, MAX_MANIFEST)
+                    && let Ok((layer, _)) = wasm_layer(&raw, self.max_bytes)
+                {
+                    kept_layers.insert(layer);
+                }
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        for (stem, path) in stems("blobs") {
+            if !kept_layers.contains(&stem) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        for (stem, path) in stems("https") {
+            if !https.contains(&stem) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
     }
 
     fn cached(&self, origin: &Origin) -> Option<Fetched> {
@@ -242,8 +323,11 @@ impl Fetcher {
                 if hex_sha(&manifest) != r.digest {
                     return None;
                 }
-                let (layer, _) = wasm_layer(&manifest, self.max_bytes).ok()?;
+                let (layer, size) = wasm_layer(&manifest, self.max_bytes).ok()?;
                 let bytes = read(&dir.join("blobs").join(format!("{layer}.wasm")))?;
+                if bytes.len() as u64 != size {
+                    return None;
+                }
                 (bytes, layer)
             }
             Origin::Https { sha256, .. } => {
@@ -254,6 +338,8 @@ impl Fetcher {
         (hex_sha(&bytes) == sha).then(|| Fetched {
             bytes: bytes.into(),
             sha256: sha,
+            manifest: None,
+            access: String::new(),
             cached: true,
         })
     }
@@ -280,33 +366,6 @@ impl Fetcher {
             ));
         }
         let (layer_digest, size) = wasm_layer(&raw, self.max_bytes)?;
-        // The registry let this object in: a layer already in the cache is not downloaded again.
-        if let Some(dir) = &self.cache
-            && let Ok(bytes) = super::store::read_private(
-                &dir.join("blobs").join(format!("{layer_digest}.wasm")),
-                self.max_bytes,
-            )
-            && hex_sha(&bytes) == layer_digest
-        {
-            if bytes.len() as u64 != size {
-                return Err(FetchError::new(
-                    "DigestMismatch",
-                    format!(
-                        "the wasm layer is {} bytes, not the {size} its manifest declares",
-                        bytes.len()
-                    ),
-                ));
-            }
-            let _ = super::store::write_private(
-                &dir.join("oci").join(format!("{}.json", r.digest)),
-                &raw,
-            );
-            return Ok(Fetched {
-                bytes: bytes.into(),
-                sha256: layer_digest,
-                cached: true,
-            });
-        }
         // The declared size bounds the read: a layer longer than its manifest says is refused
         // before it is all in memory.
         let bytes = session
@@ -325,20 +384,11 @@ impl Fetcher {
                 "the wasm layer's bytes do not hash to the digest the manifest names",
             ));
         }
-        if let Some(dir) = &self.cache {
-            // A cache that cannot be written costs a pull at the next start, nothing else.
-            let _ = super::store::write_private(
-                &dir.join("blobs").join(format!("{layer_digest}.wasm")),
-                &bytes,
-            );
-            let _ = super::store::write_private(
-                &dir.join("oci").join(format!("{}.json", r.digest)),
-                &raw,
-            );
-        }
         Ok(Fetched {
             bytes: bytes.into(),
             sha256: layer_digest,
+            manifest: Some(raw),
+            access: String::new(),
             cached: false,
         })
     }
@@ -364,15 +414,11 @@ impl Fetcher {
                 format!("{url} does not hash to the sha256 the Plugin names"),
             ));
         }
-        if let Some(dir) = &self.cache {
-            let _ = super::store::write_private(
-                &dir.join("https").join(format!("{sha256}.wasm")),
-                &bytes,
-            );
-        }
         Ok(Fetched {
             bytes: bytes.into(),
             sha256: sha256.to_string(),
+            manifest: None,
+            access: String::new(),
             cached: false,
         })
     }
@@ -383,7 +429,7 @@ impl Fetcher {
 fn access_key(origin: &Origin, credentials: Option<&Credentials>) -> String {
     let (registry, repository) = match origin {
         Origin::Oci(r) => (r.registry.as_str(), r.repository.as_str()),
-        Origin::Https { authority, .. } => (authority.as_str(), ""),
+        Origin::Https { url, .. } => (url.as_str(), ""),
     };
     let mut text = format!("{registry}\0{repository}\0");
     if let Some(c) = credentials {

@@ -28,8 +28,12 @@ use kube::runtime::watcher;
 use fetch::{Credentials, FetchError, Fetcher};
 use spec::{Origin, PluginSpec};
 
-/// At most this many Plugin objects are served; past it, the rest are reported and skipped.
+/// At most this many Plugin objects with a usable spec are served; past it, the rest wait for room
+/// (reported on their status), up to `MAX_WAITING` more; beyond that they are only logged.
 pub const MAX_OBJECTS: usize = 128;
+const MAX_WAITING: usize = 128;
+/// The annotation of a pull Secret naming the Plugins that may use it (`*`: all of them).
+pub const PULL_SECRET_ANNOTATION: &str = "wcm.dev/plugins";
 /// Fetches running at once, over all objects.
 const FETCHES_AT_ONCE: usize = 2;
 /// A whole fetch (manifest and blob) may take this long.
@@ -82,8 +86,13 @@ pub struct ObjectState {
     pub fetch_error: Option<FetchError>,
     /// The component was found in the disk cache.
     pub cached: bool,
+    /// Waits for room (more than `MAX_OBJECTS` served).
+    pub waiting_for_room: bool,
     attempts: u32,
     fetching: bool,
+    /// Which life of the object this state belongs to: a fetch loop of a deleted and re-created
+    /// object stops at its next turn.
+    epoch: u64,
 }
 
 /// The Plugin objects this replica serves, shared with the loader and the status writer.
@@ -97,6 +106,15 @@ pub struct ObjectSource {
     /// Woken when an object's state changed (for the status writer).
     pub(crate) state_changed: tokio::sync::Notify,
     fetch_turns: tokio::sync::Semaphore,
+    /// One fetch at a time per registry (or https host), inside `fetch_turns`: a slow registry
+    /// holds one of the turns, never all of them.
+    registry_turns: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
+    next_epoch: std::sync::atomic::AtomicU64,
+    /// The components held, by SHA-256: a digest named by many objects is held once.
+    blobs: Mutex<BTreeMap<String, std::sync::Weak<[u8]>>>,
+    /// Set once the first list is complete: the cache is cleaned only from then on (before, an
+    /// object not yet listed would lose what the cache holds for it).
+    listed: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -132,6 +150,10 @@ impl ObjectSource {
             changed: tokio::sync::Notify::new(),
             state_changed: tokio::sync::Notify::new(),
             fetch_turns: tokio::sync::Semaphore::new(FETCHES_AT_ONCE),
+            registry_turns: Mutex::default(),
+            next_epoch: std::sync::atomic::AtomicU64::new(1),
+            blobs: Mutex::default(),
+            listed: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -177,6 +199,9 @@ impl ObjectSource {
                     for name in gone {
                         self.remove(&name);
                     }
+                    self.listed
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.clean_cache();
                 }
                 Ok(watcher::Event::Apply(o)) => self.clone().upsert(o),
                 Ok(watcher::Event::Delete(o)) => {
@@ -192,12 +217,56 @@ impl ObjectSource {
         }
     }
 
-    fn remove(&self, name: &str) {
-        if lock(&self.objects).remove(name).is_some() {
-            tracing::info!(plugin_object = %name, "Plugin object deleted: stopping its plugin");
-            self.changed.notify_one();
-            self.state_changed.notify_one();
+    fn remove(self: &Arc<Self>, name: &str) {
+        let waiting: Option<String> = {
+            let mut objects = lock(&self.objects);
+            if objects.remove(name).is_none() {
+                return;
+            }
+            objects
+                .iter()
+                .find(|(_, s)| s.waiting_for_room)
+                .map(|(n, _)| n.clone())
+        };
+        tracing::info!(plugin_object = %name, "Plugin object deleted: stopping its plugin");
+        self.changed.notify_one();
+        self.state_changed.notify_one();
+        self.clean_cache();
+        // Room for one that waits: read it again and serve it.
+        if let Some(w) = waiting {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let api: Api<DynamicObject> = Api::all_with(this.client.clone(), &resource());
+                if let Ok(Some(o)) = api.get_opt(&w).await {
+                    this.upsert(o);
+                }
+            });
         }
+    }
+
+    /// Removes from the disk cache what no object names now.
+    fn clean_cache(&self) {
+        if !self.listed.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let (mut manifests, mut layers, mut https) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        for s in lock(&self.objects).values() {
+            match &s.spec {
+                Some(Ok((Origin::Oci(r), _))) => {
+                    manifests.insert(r.digest.clone());
+                }
+                Some(Ok((Origin::Https { sha256, .. }, _))) => {
+                    https.insert(sha256.clone());
+                }
+                _ => {}
+            }
+            if let Some(l) = &s.loadable {
+                layers.insert(l.sha256.clone());
+                https.insert(l.sha256.clone());
+            }
+        }
+        self.fetcher.retain(&manifests, &layers, &https);
     }
 
     fn upsert(self: Arc<Self>, o: DynamicObject) {
@@ -212,14 +281,47 @@ impl ObjectSource {
         });
         let start_fetch = {
             let mut objects = lock(&self.objects);
-            if !objects.contains_key(&name) && objects.len() >= MAX_OBJECTS {
-                tracing::warn!(plugin_object = %crate::contract::validate::log_text(&name, 253), "more than {MAX_OBJECTS} Plugin objects: this one is not served");
+            let served = objects
+                .iter()
+                .filter(|(n, s)| {
+                    **n != name && !s.waiting_for_room && matches!(s.spec, Some(Ok(_)))
+                })
+                .count();
+            let known = objects.contains_key(&name);
+            if !known && objects.len() >= MAX_OBJECTS + MAX_WAITING {
+                tracing::warn!(plugin_object = %crate::contract::validate::log_text(&name, 253), "more than {} Plugin objects: this one is not even reported on", MAX_OBJECTS + MAX_WAITING);
                 return;
             }
-            let state = objects.entry(name.clone()).or_default();
-            let same_spec = state.spec.as_ref() == Some(&parsed);
+            let epoch = self
+                .next_epoch
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let state = objects.entry(name.clone()).or_insert_with(|| ObjectState {
+                epoch,
+                ..Default::default()
+            });
             state.generation = generation;
+            // No room: said on its status, and served when a served one goes.
+            let parsed = match parsed {
+                Ok(_) if served >= MAX_OBJECTS && state.loadable.is_none() => {
+                    state.waiting_for_room = true;
+                    Err(format!(
+                        "more than {MAX_OBJECTS} Plugin objects are served; this one waits until one is deleted"
+                    ))
+                }
+                other => {
+                    state.waiting_for_room = false;
+                    other
+                }
+            };
+            let same_spec = state.spec.as_ref() == Some(&parsed);
             if same_spec {
+                // A generation whose spec reads the same (e.g. a default written out): nothing
+                // to fetch; what runs is for this generation too.
+                if !state.fetching && state.fetch_error.is_none() && state.loadable.is_some() {
+                    state.loaded_generation = Some(generation);
+                }
+                drop(objects);
+                self.state_changed.notify_one();
                 return;
             }
             state.spec = Some(parsed.clone());
@@ -239,30 +341,30 @@ impl ObjectSource {
                         }
                         state.loaded_generation = Some(generation);
                         self.changed.notify_one();
-                        false
+                        None
                     } else {
                         // One fetch loop per object: marked here, under the lock.
                         let start = !state.fetching;
                         state.fetching = true;
-                        start
+                        start.then_some(state.epoch)
                     }
                 }
-                Err(_) => false,
+                Err(_) => None,
             }
         };
         self.state_changed.notify_one();
-        if start_fetch {
-            tokio::spawn(self.fetch_loop(name));
+        if let Some(epoch) = start_fetch {
+            tokio::spawn(self.fetch_loop(name, epoch));
         }
     }
 
     /// Fetches what the object's current spec names, retrying with backoff while that helps and
     /// the spec stays the same.
-    async fn fetch_loop(self: Arc<Self>, name: String) {
+    async fn fetch_loop(self: Arc<Self>, name: String, epoch: u64) {
         loop {
             let (origin, spec) = {
                 let mut objects = lock(&self.objects);
-                let Some(state) = objects.get_mut(&name) else {
+                let Some(state) = objects.get_mut(&name).filter(|s| s.epoch == epoch) else {
                     return;
                 };
                 let Some(Ok((origin, spec))) = state.spec.clone() else {
@@ -281,8 +383,13 @@ impl ObjectSource {
                 (origin, spec)
             };
             let result = {
+                let registry_turn = lock(&self.registry_turns)
+                    .entry(origin.authority().to_string())
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+                    .clone();
+                let _mine = registry_turn.acquire().await;
                 let _turn = self.fetch_turns.acquire().await;
-                match self.credentials(&spec, &origin).await {
+                match self.credentials(&name, &spec, &origin).await {
                     Ok(creds) => tokio::time::timeout(
                         FETCH_TIMEOUT,
                         self.fetcher.fetch(&origin, creds.as_ref()),
@@ -299,12 +406,17 @@ impl ObjectSource {
             };
             let retry_in = {
                 let mut objects = lock(&self.objects);
-                let others: usize = objects
+                // What the others hold, each distinct component once.
+                let others: BTreeMap<String, usize> = objects
                     .iter()
                     .filter(|(n, _)| **n != name)
-                    .filter_map(|(_, s)| s.loadable.as_ref().map(|l| l.bytes.len()))
-                    .sum();
-                let Some(state) = objects.get_mut(&name) else {
+                    .filter_map(|(_, s)| {
+                        s.loadable
+                            .as_ref()
+                            .map(|l| (l.sha256.clone(), l.bytes.len()))
+                    })
+                    .collect();
+                let Some(state) = objects.get_mut(&name).filter(|s| s.epoch == epoch) else {
                     return;
                 };
                 let still_wanted = matches!(&state.spec, Some(Ok((o, _))) if *o == origin);
@@ -314,7 +426,12 @@ impl ObjectSource {
                 }
                 // Room for it among what the other objects hold.
                 let result = result.and_then(|fetched| {
-                    let total = others.saturating_add(fetched.bytes.len());
+                    let mine = if others.contains_key(&fetched.sha256) {
+                        0
+                    } else {
+                        fetched.bytes.len()
+                    };
+                    let total = others.values().sum::<usize>().saturating_add(mine);
                     if total > self.settings.max_total_bytes {
                         return Err(FetchError {
                             reason: "OverBudget",
@@ -328,7 +445,22 @@ impl ObjectSource {
                     Ok(fetched)
                 });
                 match result {
-                    Ok(fetched) => {
+                    Ok(mut fetched) => {
+                        // Accepted: kept on disk, and held once however many objects name it.
+                        self.fetcher.keep(&origin, &fetched);
+                        {
+                            let mut blobs = lock(&self.blobs);
+                            blobs.retain(|_, w| w.strong_count() > 0);
+                            match blobs.get(&fetched.sha256).and_then(|w| w.upgrade()) {
+                                Some(held) => fetched.bytes = held,
+                                None => {
+                                    blobs.insert(
+                                        fetched.sha256.clone(),
+                                        Arc::downgrade(&fetched.bytes),
+                                    );
+                                }
+                            }
+                        }
                         // The settings and generation of the spec as it is now: a settings change
                         // made while the fetch ran is not lost.
                         let current = match &state.spec {
@@ -357,6 +489,8 @@ impl ObjectSource {
                         state.attempts = 0;
                         self.changed.notify_one();
                         self.state_changed.notify_one();
+                        drop(objects);
+                        self.clean_cache();
                         return;
                     }
                     Err(e) => {
@@ -381,6 +515,7 @@ impl ObjectSource {
     /// API at each fetch (a new or rotated Secret needs no restart).
     async fn credentials(
         &self,
+        plugin: &str,
         spec: &PluginSpec,
         origin: &Origin,
     ) -> Result<Option<Credentials>, FetchError> {
@@ -409,6 +544,22 @@ impl ObjectSource {
                 ),
             });
         };
+        // A pull Secret serves only the Plugins it names: writing a Plugin does not give the use
+        // of every pull Secret of the host's namespace.
+        let allowed = secret
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PULL_SECRET_ANNOTATION))
+            .is_some_and(|v| v.split(',').map(str::trim).any(|n| n == "*" || n == plugin));
+        if !allowed {
+            return Err(FetchError {
+                reason: "PullSecretInvalid",
+                message: format!(
+                    "the Secret {name} does not name this Plugin in its {PULL_SECRET_ANNOTATION} annotation (a comma-separated list of Plugin names, or *)"
+                ),
+            });
+        }
         if secret.type_.as_deref() != Some("kubernetes.io/dockerconfigjson") {
             return Err(FetchError {
                 reason: "PullSecretInvalid",

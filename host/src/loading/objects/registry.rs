@@ -140,6 +140,7 @@ impl RegistryClient {
         };
         Session {
             client: self.clone(),
+            registry: registry.to_string(),
             base: format!("{scheme}://{registry}"),
             repository: repository.to_string(),
             credentials,
@@ -166,6 +167,8 @@ impl RegistryClient {
 /// One repository of one registry, for one fetch or one push.
 pub struct Session {
     client: RegistryClient,
+    /// `host[:port]` the session is with: only it is answered a challenge.
+    registry: String,
     base: String,
     repository: String,
     credentials: Option<Credentials>,
@@ -208,6 +211,22 @@ impl Session {
                 .map_err(|e| unreachable(method.as_str(), url, &e))?;
             if response.status() == StatusCode::UNAUTHORIZED && !challenged {
                 challenged = true;
+                // Credentials go only to the registry the session is with, never to a host a
+                // redirect led to (a CDN or storage host answers a signed URL, not a login).
+                let from = authority_of(response.url()).unwrap_or_default();
+                let ours = Url::parse(&self.base)
+                    .ok()
+                    .and_then(|u| authority_of(&u))
+                    .unwrap_or_default();
+                if from != ours {
+                    return Err(FetchError::new(
+                        "Unauthorized",
+                        format!(
+                            "{from}, reached by a redirect from {}, asks for credentials: they are sent to {} only",
+                            self.registry, self.registry
+                        ),
+                    ));
+                }
                 let challenge = response
                     .headers()
                     .get(WWW_AUTHENTICATE)

@@ -118,8 +118,14 @@ fn is_hex64(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// `host:443` → `host`: registries are named without the https default port, as a URL's
+/// authority is (both `--plugin-registry` and a source are compared in this form).
+pub fn normal_authority(a: &str) -> String {
+    a.strip_suffix(":443").unwrap_or(a).to_string()
+}
+
 /// A registry host: DNS labels or an IPv4 address, optional port.
-fn check_authority(a: &str) -> Result<(), String> {
+pub fn check_authority(a: &str) -> Result<(), String> {
     let (host, port) = match a.rsplit_once(':') {
         Some((h, p)) => (h, Some(p)),
         None => (a, None),
@@ -251,7 +257,7 @@ impl PluginSpec {
             }
             _ => return Err("source must name exactly one of oci or https".into()),
         };
-        if !allowed.contains(origin.authority()) {
+        if !allowed.contains(&normal_authority(origin.authority())) {
             return Err(format!(
                 "{} is not in --plugin-registry ({})",
                 origin.authority(),

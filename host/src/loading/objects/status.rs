@@ -245,31 +245,40 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             mine["status"]["replicas"][0]["lastSeen"] =
                 k8s_openapi::jiff::Timestamp::now().to_string().into();
             let mut ok = true;
-            for (doc, manager) in [
-                (Some(&mine), replica_manager.as_str()),
-                (write_whole.then_some(&whole), SHARED_MANAGER),
-            ] {
-                let Some(doc) = doc else { continue };
+            let mut report =
+                |e: kube::Error, failing: &mut std::collections::BTreeMap<String, String>| {
+                    ok = false;
+                    let text = e.to_string();
+                    if failing.get(&name) != Some(&text) {
+                        tracing::warn!(plugin_object = %name, "writing the Plugin's status failed: {text}");
+                        failing.insert(name.clone(), text);
+                    }
+                };
+            let params = PatchParams::apply(&replica_manager).force();
+            let after_mine = match api.patch_status(&name, &params, &Patch::Apply(&mine)).await {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    report(e, &mut failing);
+                    None
+                }
+            };
+            // A replica that neither leads nor knows a leader writes the object-wide fields only
+            // while no other replica's fresh entry says it leads: one that cannot run the plugin
+            // (a fetch failed here alone) does not overwrite the leader's view.
+            let other_leads = after_mine
+                .as_ref()
+                .is_some_and(|o| someone_else_leads(o, &replica));
+            if write_whole && (leading || !other_leads) {
                 match api
                     .patch_status(
                         &name,
-                        &PatchParams::apply(manager).force(),
-                        &Patch::Apply(doc),
+                        &PatchParams::apply(SHARED_MANAGER).force(),
+                        &Patch::Apply(&whole),
                     )
                     .await
                 {
-                    Ok(o) if manager == SHARED_MANAGER => {
-                        prune_gone_replicas(&api, &name, &o, &replica).await;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        ok = false;
-                        let text = e.to_string();
-                        if failing.get(&name) != Some(&text) {
-                            tracing::warn!(plugin_object = %name, "writing the Plugin's status failed: {text}");
-                            failing.insert(name.clone(), text);
-                        }
-                    }
+                    Ok(o) => prune_gone_replicas(&api, &name, &o, &replica).await,
+                    Err(e) => report(e, &mut failing),
                 }
             }
             if ok {
@@ -278,6 +287,27 @@ pub async fn run(source: Arc<ObjectSource>, plugins: Arc<PluginManager>, replica
             }
         }
     }
+}
+
+/// Whether another replica's entry, seen within `GONE_AFTER`, says it leads the plugin.
+fn someone_else_leads(o: &DynamicObject, me: &str) -> bool {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    o.data["status"]["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| {
+            e["name"].as_str().is_some_and(|n| n != me)
+                && e["leading"] == true
+                && e["lastSeen"]
+                    .as_str()
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .is_some_and(|t| {
+                        now.duration_since(t)
+                            .try_into()
+                            .is_ok_and(|d: Duration| d <= GONE_AFTER)
+                    })
+        })
 }
 
 /// The field manager of one replica's entry in `status.replicas`.

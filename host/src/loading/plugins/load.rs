@@ -40,18 +40,42 @@ impl PluginManager {
             reason,
             message,
         };
+        // A name is a file's before it is a Plugin object's: a file of the plugins directory is
+        // the operator's own, an object may be anyone's the cluster lets write Plugins.
+        let is_object = |key: &str| key.contains('/');
+        let first = |a: &str, b: &str| {
+            if is_object(a) != is_object(b) {
+                !is_object(a)
+            } else {
+                a < b
+            }
+        };
         {
-            let running = self.running.lock().await;
-            if let Some((other, _)) = running
+            let mut running = self.running.lock().await;
+            let other = running
                 .iter()
                 .find(|(s, r)| r.name == name && s.as_str() != stem)
-            {
-                return Err(waiting(
-                    WaitReason::NameTaken,
-                    format!(
-                        "plugin name {name:?} is used by {other}.wasm; this file starts when that one goes"
-                    ),
-                ));
+                .map(|(s, _)| s.clone());
+            if let Some(other) = other {
+                if !is_object(stem) && is_object(&other) {
+                    // The file takes its name back; the object waits for it (NameTaken).
+                    let taken = running.remove(&other);
+                    drop(running);
+                    tracing::warn!(plugin = %name, file = %shown(stem), "the Plugin object {} ran this name: stopped, the file of the plugins directory runs it", shown(&other));
+                    if let Some(p) = taken {
+                        self.stop_running(p).await;
+                    }
+                } else {
+                    return Err(waiting(
+                        WaitReason::NameTaken,
+                        format!(
+                            "plugin name {name:?} is used by {}; this one starts when that one goes",
+                            shown(&other)
+                        ),
+                    ));
+                }
+            } else {
+                drop(running);
             }
             if lock(&self.stopping_names).contains_key(&name) {
                 return Err(waiting(
@@ -67,12 +91,13 @@ impl PluginManager {
             let described = lock(&self.described);
             if let Some(lower) = loading.iter().find_map(|(other, l)| {
                 let (d, desc) = described.get(other)?;
-                (other.as_str() < stem && *d == l.disk && desc.name == name).then_some(other)
+                (first(other, stem) && *d == l.disk && desc.name == name).then_some(other)
             }) {
                 return Err(waiting(
                     WaitReason::NameTaken,
                     format!(
-                        "plugin name {name:?} is being loaded from {lower}.wasm; this file starts when that one goes"
+                        "plugin name {name:?} is being loaded from {}; this one starts when that one goes",
+                        shown(lower)
                     ),
                 ));
             }
@@ -85,7 +110,8 @@ impl PluginManager {
                     return Err(waiting(
                         WaitReason::NameTaken,
                         format!(
-                            "plugin name {name:?} is being loaded from {other}.wasm; this file starts when that one goes"
+                            "plugin name {name:?} is being loaded from {}; this one starts when that one goes",
+                            shown(other)
                         ),
                     ));
                 }
