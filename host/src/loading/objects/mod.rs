@@ -180,7 +180,12 @@ impl ObjectSource {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource());
         let mut stream = watcher(api, watcher::Config::default()).boxed();
         let mut seen_in_list = BTreeSet::new();
+        let mut failures = 0u32;
+        let mut last_said = None;
         while let Some(event) = stream.next().await {
+            if event.is_ok() {
+                failures = 0;
+            }
             match event {
                 Ok(watcher::Event::Init) => seen_in_list.clear(),
                 Ok(watcher::Event::InitApply(o)) => {
@@ -210,8 +215,18 @@ impl ObjectSource {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!("watching Plugin objects: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    // The CRD not installed, or the host not granted Plugins: said once a
+                    // minute, retried with backoff (1 s doubling to 30 s).
+                    failures = failures.saturating_add(1);
+                    if last_said
+                        .is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(60))
+                    {
+                        tracing::warn!(
+                            "watching Plugin objects (manifests/crds/plugins.wcm.dev.yaml and manifests/rbac/plugin-objects.yaml applied?): {e}"
+                        );
+                        last_said = Some(std::time::Instant::now());
+                    }
+                    tokio::time::sleep(backoff(failures).min(Duration::from_secs(30))).await;
                 }
             }
         }
