@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 
 use super::registry::{MAX_MANIFEST, RegistryClient};
 use super::spec::{OciRef, Origin};
+use super::verify::{self, TrustedKeys};
 
 /// Config media types of a wasm artifact: the CNCF layout, then wasm-to-oci's.
 pub const CONFIG_TYPES: [&str; 2] = [
@@ -55,7 +56,10 @@ impl FetchError {
     /// Whether trying again later may succeed (a registry down, credentials not there yet); the
     /// others are facts of the artifact that a retry does not change.
     pub fn retryable(&self) -> bool {
-        matches!(self.reason, "Unreachable" | "Unauthorized" | "NotFound")
+        matches!(
+            self.reason,
+            "Unreachable" | "Unauthorized" | "NotFound" | "SignatureMissing"
+        )
     }
 }
 
@@ -69,6 +73,9 @@ pub struct Fetched {
     pub manifest: Option<Vec<u8>>,
     /// Who pulled it (see `Fetcher::fetch`).
     pub access: String,
+    /// The verified cosign signature (payload, signature) and the index of the key that made
+    /// it, when the Plugin asks for verification.
+    pub signature: Option<(Vec<u8>, String, usize)>,
     /// Served from the disk cache, without the network.
     pub cached: bool,
 }
@@ -182,16 +189,19 @@ impl Fetcher {
         &self,
         origin: &Origin,
         credentials: Option<&Credentials>,
+        keys: Option<&TrustedKeys>,
     ) -> Result<Fetched, FetchError> {
         let access = access_key(origin, credentials);
         if self.pulled_with(origin, &access)
             && let Some(mut hit) = self.cached(origin)
+            && let Some(signature) = self.cached_signature(origin, keys)
         {
             hit.access = access;
+            hit.signature = signature;
             return Ok(hit);
         }
         let mut fetched = match origin {
-            Origin::Oci(r) => self.fetch_oci(r, credentials).await?,
+            Origin::Oci(r) => self.fetch_oci(r, credentials, keys).await?,
             Origin::Https { url, sha256, .. } => self.fetch_https(url, sha256).await?,
         };
         fetched.access = access;
@@ -217,6 +227,36 @@ impl Fetcher {
             .unwrap_or(false)
     }
 
+    /// For a cache hit: no keys, nothing to check (`Some(None)`); with keys, the signature kept
+    /// with the component, checked again now against the Plugin's current keys (`None`: not
+    /// verified offline, so the cache is not used).
+    #[allow(clippy::option_option)]
+    fn cached_signature(
+        &self,
+        origin: &Origin,
+        keys: Option<&TrustedKeys>,
+    ) -> Option<Option<(Vec<u8>, String, usize)>> {
+        let Some(keys) = keys else {
+            return Some(None);
+        };
+        let (Origin::Oci(r), Some(dir)) = (origin, &self.cache) else {
+            return None;
+        };
+        let raw = super::store::read_private(
+            &dir.join("oci").join(format!("{}.sig", r.digest)),
+            256 << 10,
+        )
+        .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+        use base64::Engine as _;
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(v["payload"].as_str()?)
+            .ok()?;
+        let signature = v["signature"].as_str()?.to_string();
+        let by = verify::verify_payload(keys, &payload, &signature, &r.digest).ok()?;
+        Some(Some((payload, signature, by)))
+    }
+
     /// Keeps an accepted component in the cache (a cache that cannot be written costs a pull at
     /// the next start, nothing else), with who pulled it.
     pub fn keep(&self, origin: &Origin, fetched: &Fetched) {
@@ -234,6 +274,17 @@ impl Fetcher {
                         let _ = super::store::write_private(
                             &dir.join("oci").join(format!("{}.json", r.digest)),
                             m,
+                        );
+                    }
+                    if let Some((payload, signature, _)) = &fetched.signature {
+                        use base64::Engine as _;
+                        let kept = serde_json::json!({
+                            "payload": base64::engine::general_purpose::STANDARD.encode(payload),
+                            "signature": signature,
+                        });
+                        let _ = super::store::write_private(
+                            &dir.join("oci").join(format!("{}.sig", r.digest)),
+                            kept.to_string().as_bytes(),
                         );
                     }
                 }
@@ -340,6 +391,7 @@ impl Fetcher {
             sha256: sha,
             manifest: None,
             access: String::new(),
+            signature: None,
             cached: true,
         })
     }
@@ -348,6 +400,7 @@ impl Fetcher {
         &self,
         r: &OciRef,
         credentials: Option<&Credentials>,
+        keys: Option<&TrustedKeys>,
     ) -> Result<Fetched, FetchError> {
         let mut session =
             self.registry
@@ -366,6 +419,11 @@ impl Fetcher {
             ));
         }
         let (layer_digest, size) = wasm_layer(&raw, self.max_bytes)?;
+        // Signed by the operator's keys, before the layer is downloaded.
+        let signature = match keys {
+            Some(keys) => Some(self.verify_signature(&mut session, r, keys).await?),
+            None => None,
+        };
         // The declared size bounds the read: a layer longer than its manifest says is refused
         // before it is all in memory.
         let bytes = session
@@ -389,8 +447,55 @@ impl Fetcher {
             sha256: layer_digest,
             manifest: Some(raw),
             access: String::new(),
+            signature,
             cached: false,
         })
+    }
+
+    /// A cosign signature of manifest `r` by one of `keys`, from the registry (see `verify`).
+    async fn verify_signature(
+        &self,
+        session: &mut super::registry::Session,
+        r: &OciRef,
+        keys: &TrustedKeys,
+    ) -> Result<(Vec<u8>, String, usize), FetchError> {
+        let tag = verify::signature_tag(&r.digest);
+        let raw = session
+            .manifest(&tag, &MANIFEST_TYPES, MAX_MANIFEST)
+            .await
+            .map_err(|e| match e.reason {
+                "NotFound" => FetchError::new(
+                    "SignatureMissing",
+                    format!("no cosign signature ({tag}) beside {r}"),
+                ),
+                _ => e,
+            })?;
+        let payloads =
+            verify::signed_payloads(&raw).map_err(|m| FetchError::new("SignatureInvalid", m))?;
+        if payloads.is_empty() {
+            return Err(FetchError::new(
+                "SignatureMissing",
+                format!("{tag} holds no signed payload"),
+            ));
+        }
+        let mut why = String::new();
+        for p in payloads {
+            let payload = session
+                .blob(&p.digest_hex, usize::try_from(p.size).unwrap_or(usize::MAX))
+                .await?;
+            if hex_sha(&payload) != p.digest_hex {
+                why = "a signature payload does not hash to its digest".into();
+                continue;
+            }
+            match verify::verify_payload(keys, &payload, &p.signature_b64, &r.digest) {
+                Ok(by) => return Ok((payload, p.signature_b64, by)),
+                Err(e) => why = e,
+            }
+        }
+        Err(FetchError::new(
+            "SignatureInvalid",
+            format!("no signature of {r} by verify.publicKeys: {why}"),
+        ))
     }
 
     async fn fetch_https(&self, url: &str, sha256: &str) -> Result<Fetched, FetchError> {
@@ -419,6 +524,7 @@ impl Fetcher {
             sha256: sha256.to_string(),
             manifest: None,
             access: String::new(),
+            signature: None,
             cached: false,
         })
     }

@@ -13,6 +13,7 @@ pub mod registry;
 pub mod spec;
 pub mod status;
 pub mod store;
+pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -86,6 +87,8 @@ pub struct ObjectState {
     pub fetch_error: Option<FetchError>,
     /// The component was found in the disk cache.
     pub cached: bool,
+    /// Which of `verify.publicKeys` signed what runs, when the Plugin asks for verification.
+    pub verified_by: Option<usize>,
     /// Waits for room (more than `MAX_OBJECTS` served).
     pub waiting_for_room: bool,
     attempts: u32,
@@ -407,7 +410,11 @@ impl ObjectSource {
                 match self.credentials(&name, &spec, &origin).await {
                     Ok(creds) => tokio::time::timeout(
                         FETCH_TIMEOUT,
-                        self.fetcher.fetch(&origin, creds.as_ref()),
+                        self.fetcher.fetch(
+                            &origin,
+                            creds.as_ref(),
+                            spec.trusted_keys().ok().flatten().as_ref(),
+                        ),
                     )
                     .await
                     .unwrap_or_else(|_| {
@@ -498,6 +505,7 @@ impl ObjectSource {
                             source: origin.shown(),
                         });
                         state.cached = fetched.cached;
+                        state.verified_by = fetched.signature.as_ref().map(|(_, _, by)| *by);
                         state.loaded_generation = Some(generation);
                         state.fetch_error = None;
                         state.fetching = false;

@@ -220,17 +220,7 @@ impl PluginSpec {
 
     /// The source, checked, and allowed by the operator's list of registries and hosts.
     pub fn origin(&self, allowed: &BTreeSet<String>) -> Result<Origin, String> {
-        if self
-            .verify
-            .as_ref()
-            .is_some_and(|v| !v.public_keys.is_empty())
-        {
-            return Err(
-                "verify.publicKeys: signature verification is not available in this version; \
-                 the Plugin is refused rather than run unverified"
-                    .into(),
-            );
-        }
+        let keys = self.trusted_keys()?;
         let origin = match (&self.source.oci, &self.source.https) {
             (Some(r), None) => Origin::Oci(OciRef::parse(r)?),
             (None, Some(h)) => {
@@ -257,6 +247,12 @@ impl PluginSpec {
             }
             _ => return Err("source must name exactly one of oci or https".into()),
         };
+        if keys.is_some() && matches!(origin, Origin::Https { .. }) {
+            return Err(
+                "verify.publicKeys: cosign signatures live in an OCI registry beside the artifact; an https source cannot be verified"
+                    .into(),
+            );
+        }
         if !allowed.contains(&normal_authority(origin.authority())) {
             return Err(format!(
                 "{} is not in --plugin-registry ({})",
@@ -269,6 +265,16 @@ impl PluginSpec {
             ));
         }
         Ok(origin)
+    }
+
+    /// The operator's cosign public keys, if the Plugin asks for verification.
+    pub fn trusted_keys(&self) -> Result<Option<super::verify::TrustedKeys>, String> {
+        match &self.verify {
+            Some(v) if !v.public_keys.is_empty() => {
+                super::verify::TrustedKeys::parse(&v.public_keys).map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The pull Secret's name, checked as a Kubernetes object name.

@@ -60,12 +60,29 @@ fn conditions(
         (None, None, false) => cond("Pulled", None, "Pulling", "fetching the component"),
     };
     out.push(pulled);
-    out.push(cond(
-        "Verified",
-        Some(true),
-        "NotRequested",
-        "no signature verification requested",
-    ));
+    let wants_signature = matches!(&state.spec, Some(Ok((_, s))) if s.verify.as_ref().is_some_and(|v| !v.public_keys.is_empty()));
+    let verified = match (&state.fetch_error, wants_signature, current) {
+        (Some(e), true, _) if e.reason.starts_with("Signature") => {
+            cond("Verified", Some(false), e.reason, &e.message)
+        }
+        (_, false, _) => cond(
+            "Verified",
+            Some(true),
+            "NotRequested",
+            "no signature verification requested",
+        ),
+        (None, true, true) => match state.verified_by {
+            Some(i) => cond(
+                "Verified",
+                Some(true),
+                "Verified",
+                &format!("a cosign signature by verify.publicKeys[{i}]"),
+            ),
+            None => cond("Verified", None, "Verifying", "checking the signature"),
+        },
+        _ => cond("Verified", None, "Verifying", "checking the signature"),
+    };
+    out.push(verified);
     let (granted, ready, state_word, reason) = match file {
         Some(FileStatus::Running {
             update_refused: None,
