@@ -52,6 +52,16 @@ fn custom_section(name: &str, len: usize) -> Vec<u8> {
 }
 
 fn object(name: &str, reference: &str, pull_secret: Option<&str>) -> Result<DynamicObject> {
+    signed_object(name, reference, pull_secret, &[])
+}
+
+/// A Plugin asking for a cosign signature by one of `keys` (PEM).
+fn signed_object(
+    name: &str,
+    reference: &str,
+    pull_secret: Option<&str>,
+    keys: &[String],
+) -> Result<DynamicObject> {
     let mut o = json!({
         "apiVersion": "wcm.dev/v1alpha1", "kind": "Plugin",
         "metadata": {"name": name},
@@ -59,6 +69,9 @@ fn object(name: &str, reference: &str, pull_secret: Option<&str>) -> Result<Dyna
     });
     if let Some(s) = pull_secret {
         o["spec"]["pullSecret"] = s.into();
+    }
+    if !keys.is_empty() {
+        o["spec"]["verify"] = json!({"publicKeys": keys});
     }
     Ok(serde_json::from_value(o)?)
 }
@@ -208,7 +221,7 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
     );
     docker_secret(&client, "wrongcred", &wrong, Some("*")).await?;
     let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
-    const NAMES: [&str; 13] = [
+    const NAMES: [&str; 16] = [
         "well-behaved",
         "no-secret",
         "missing-secret",
@@ -222,6 +235,9 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
         "core-module",
         "other-world",
         "over-budget",
+        "signed",
+        "signed-by-another-key",
+        "unsigned",
     ];
     for n in NAMES {
         let _ = plugins.delete(n, &DeleteParams::default()).await;
@@ -440,6 +456,89 @@ async fn each_failed_pull_refuses_only_its_plugin_and_a_restart_in_an_outage_run
         .reference;
     create("over-budget", big_ref, Some("regcred")).await?;
     wait_condition(&plugins, "over-budget", "Pulled", "False", "OverBudget").await?;
+
+    // Signatures (cosign's own, made with keys it generated): a Plugin asking for one of the
+    // operator's keys runs only an artifact signed by it, checked before the layer is asked for.
+    let (key, public) = testenv::registry::cosign_key_pair(&work.join("operator-key"))?;
+    let (_, stranger) = testenv::registry::cosign_key_pair(&work.join("another-key"))?;
+    let mut signed_bytes = std::fs::read(&wb)?;
+    signed_bytes.extend_from_slice(&[0, 7, 3, b's', b'i', b'g', 1, 2, 3]);
+    let signed_wasm = work.join("signed.wasm");
+    std::fs::write(&signed_wasm, &signed_bytes)?;
+    let signed = pushed("plugins/signed", signed_wasm.clone(), Broken::default()).await?;
+    registry.cosign_sign(&signed.reference, &key)?;
+    let unsigned = pushed("plugins/unsigned", signed_wasm, Broken::default()).await?;
+    let layer = signed.layer_digests[0].clone();
+    let mark = registry.request_mark()?;
+    plugins
+        .create(
+            &PostParams::default(),
+            &signed_object(
+                "signed-by-another-key",
+                &signed.reference,
+                Some("regcred"),
+                std::slice::from_ref(&stranger),
+            )?,
+        )
+        .await?;
+    wait_condition(
+        &plugins,
+        "signed-by-another-key",
+        "Verified",
+        "False",
+        "SignatureInvalid",
+    )
+    .await?;
+    plugins
+        .create(
+            &PostParams::default(),
+            &signed_object(
+                "unsigned",
+                &unsigned.reference,
+                Some("regcred"),
+                std::slice::from_ref(&public),
+            )?,
+        )
+        .await?;
+    wait_condition(
+        &plugins,
+        "unsigned",
+        "Verified",
+        "False",
+        "SignatureMissing",
+    )
+    .await?;
+    let seen = registry.requests_since(mark)?;
+    assert!(
+        seen.iter()
+            .any(|r| r.path.ends_with(".sig") && r.path.contains("/manifests/")),
+        "the signature was asked for: {seen:#?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|r| r.path.ends_with(&format!("/blobs/{layer}"))),
+        "the layer was never downloaded for an unverified artifact: {seen:#?}"
+    );
+    plugins
+        .create(
+            &PostParams::default(),
+            &signed_object(
+                "signed",
+                &signed.reference,
+                Some("regcred"),
+                &[stranger.clone(), public.clone()],
+            )?,
+        )
+        .await?;
+    let o = wait_condition(&plugins, "signed", "Verified", "True", "Verified").await?;
+    assert_eq!(condition(&o, "Pulled").context("Pulled")?["status"], "True");
+    assert!(
+        condition(&o, "Verified").context("Verified")?["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("publicKeys[1]")),
+        "the second key signed it"
+    );
 
     // Through all of it, the running plugin kept running and reconciling.
     assert!(

@@ -529,6 +529,89 @@ fn read_requests(path: &Path) -> Result<Vec<RegistryRequest>> {
         .collect())
 }
 
+/// Environment variable naming a prebuilt `cosign` (skips `testenv/cosign/build.sh`).
+pub const TESTENV_COSIGN_BIN: &str = "WCM_TESTENV_COSIGN_BIN";
+
+/// The real `cosign` CLI (sigstore/cosign v2, built from Go modules by `testenv/cosign/build.sh`):
+/// `WCM_TESTENV_COSIGN_BIN`, or the cached build.
+pub fn cosign_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(TESTENV_COSIGN_BIN) {
+        let bin = PathBuf::from(bin);
+        anyhow::ensure!(
+            bin.is_file(),
+            "{TESTENV_COSIGN_BIN}={} is not a file",
+            bin.display()
+        );
+        return Ok(bin);
+    }
+    crate::run_build_script("testenv/cosign/build.sh")
+}
+
+/// Runs cosign in `dir` with an empty key password, no transparency log and no other network
+/// than the test registry (trusted through its CA, logged in through a docker config in `dir`).
+fn cosign(dir: &Path, registry: Option<&Registry>, args: &[&str]) -> Result<String> {
+    let bin = cosign_binary()?;
+    let mut cmd = Command::new(&bin);
+    cmd.current_dir(dir)
+        .args(args)
+        .env("COSIGN_PASSWORD", "")
+        .env("COSIGN_YES", "true")
+        // Nothing is fetched from the public good instance: its TUF root stays empty here.
+        .env("TUF_ROOT", dir.join("tuf"))
+        .env("SIGSTORE_NO_CACHE", "true")
+        .env("HOME", dir)
+        .env("DOCKER_CONFIG", dir);
+    if let Some(r) = registry {
+        std::fs::write(dir.join("config.json"), r.dockerconfigjson())?;
+        if !r.info.ca_file.is_empty() {
+            cmd.env("SSL_CERT_FILE", &r.info.ca_file);
+        }
+    }
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cosign {} failed ({}): {}",
+        args.first().copied().unwrap_or_default(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A cosign key pair in `dir` (`cosign generate-key-pair`): the private key's path and the
+/// public key's PEM.
+pub fn cosign_key_pair(dir: &Path) -> Result<(PathBuf, String)> {
+    std::fs::create_dir_all(dir)?;
+    cosign(dir, None, &["generate-key-pair"])?;
+    let public = std::fs::read_to_string(dir.join("cosign.pub")).context("cosign.pub")?;
+    Ok((dir.join("cosign.key"), public))
+}
+
+impl Registry {
+    /// Signs `reference` (`HOST/REPO@sha256:…`) with the cosign private key `key`, as
+    /// `cosign sign --key KEY --tlog-upload=false` does: the signature goes to this registry only.
+    pub fn cosign_sign(&self, reference: &str, key: &Path) -> Result<()> {
+        let dir = key.parent().context("the key's directory")?;
+        let key = key.to_str().context("key path")?;
+        cosign(
+            dir,
+            Some(self),
+            &[
+                "sign",
+                "--key",
+                key,
+                "--tlog-upload=false",
+                "--yes",
+                reference,
+            ],
+        )?;
+        Ok(())
+    }
+}
+
 /// The `testenv-registry` binary: `WCM_TESTENV_REGISTRY_BIN`, or the cached build from
 /// `testenv/registry/build.sh`.
 pub fn registry_binary() -> Result<PathBuf> {
