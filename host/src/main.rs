@@ -49,6 +49,109 @@ enum LogFormat {
     Json,
 }
 
+/// `push`.
+#[derive(clap::Args)]
+struct PushArgs {
+    /// The plugin component (.wasm).
+    plugin: PathBuf,
+    /// Where: REGISTRY/REPOSITORY:TAG (e.g. registry.example.com/team/network:1.4.0).
+    target: String,
+    /// Registry user; the password comes from --password-stdin or WCM_REGISTRY_PASSWORD.
+    #[arg(long)]
+    username: Option<String>,
+    /// Read the password from standard input (one line).
+    #[arg(long)]
+    password_stdin: bool,
+    /// Credentials from a docker config (`~/.docker/config.json`, or a Secret's .dockerconfigjson),
+    /// for the target's registry.
+    #[arg(long)]
+    docker_config: Option<PathBuf>,
+    /// PEM file of CA certificates trusted for the registry besides the system's.
+    #[arg(long)]
+    registry_ca: Option<PathBuf>,
+    /// Reach the registry over plain HTTP (a registry on loopback or a local mirror only).
+    #[arg(long)]
+    plain_http: bool,
+    /// Largest component accepted, in bytes (as `run --max-plugin-bytes`).
+    #[arg(long, default_value_t = 64 << 20)]
+    max_plugin_bytes: u64,
+    /// Print a Plugin object of this name naming the pushed artifact, instead of the reference.
+    #[arg(long)]
+    plugin_name: Option<String>,
+    /// With --plugin-name: the pull Secret the Plugin names.
+    #[arg(long)]
+    pull_secret: Option<String>,
+}
+
+impl PushArgs {
+    async fn run(self) -> anyhow::Result<String> {
+        use wasm_controller_manager::loading::objects::{fetch, push};
+        let registry = self
+            .target
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let credentials = match (&self.username, &self.docker_config) {
+            (Some(_), Some(_)) => anyhow::bail!("--username and --docker-config: give one"),
+            (Some(user), None) => {
+                let password = if self.password_stdin {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line)?;
+                    line.trim_end_matches(['\r', '\n']).to_string()
+                } else {
+                    std::env::var("WCM_REGISTRY_PASSWORD").map_err(|_| {
+                        anyhow::anyhow!(
+                            "--username needs --password-stdin or WCM_REGISTRY_PASSWORD"
+                        )
+                    })?
+                };
+                Some(fetch::Credentials {
+                    username: user.clone(),
+                    password,
+                })
+            }
+            (None, Some(path)) => {
+                let text = std::fs::read(path)
+                    .map_err(|e| anyhow::anyhow!("--docker-config {}: {e}", path.display()))?;
+                let found = fetch::credentials_for(&text, &registry)
+                    .map_err(|e| anyhow::anyhow!("--docker-config {}: {e}", path.display()))?;
+                Some(found.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--docker-config {}: no entry for {registry}",
+                        path.display()
+                    )
+                })?)
+            }
+            (None, None) => None,
+        };
+        if let Some(name) = &self.plugin_name {
+            wasm_controller_manager::contract::validate::namespace(name)
+                .map_err(|e| anyhow::anyhow!("--plugin-name: {e}"))?;
+        }
+        let ca_pem = match &self.registry_ca {
+            Some(p) => Some(
+                std::fs::read(p)
+                    .map_err(|e| anyhow::anyhow!("--registry-ca {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
+        let pushed = push::push(push::PushRequest {
+            file: &self.plugin,
+            target: &self.target,
+            credentials,
+            ca_pem,
+            plain_http: self.plain_http,
+            max_bytes: usize::try_from(self.max_plugin_bytes).unwrap_or(usize::MAX),
+        })
+        .await?;
+        Ok(match &self.plugin_name {
+            Some(name) => push::plugin_yaml(name, &pushed.reference, self.pull_secret.as_deref()),
+            None => format!("{}\n", pushed.reference),
+        })
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the manager: load every plugin in --plugins-dir and reconcile until SIGTERM.
@@ -81,6 +184,10 @@ enum Command {
         #[arg(long, env = "WCM_COMPILE_CACHE")]
         compile_cache: Option<PathBuf>,
     },
+    /// Push a built plugin to an OCI registry in the CNCF wasm artifact layout and print the
+    /// reference pinned by digest (or, with --plugin-name, a Plugin object naming it) for
+    /// `kubectl apply -f -`.
+    Push(Box<PushArgs>),
     /// Print the version and the plugin contract (WIT) versions this host serves.
     Version,
     /// The compile child: reads a component on stdin, writes its artifact (internal).
@@ -782,6 +889,10 @@ fn main() -> ExitCode {
                 .await
                 .map(|()| ExitCode::SUCCESS),
             Command::Rbac(args) => {
+                print!("{}", args.run().await?);
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Push(args) => {
                 print!("{}", args.run().await?);
                 Ok(ExitCode::SUCCESS)
             }

@@ -9,6 +9,7 @@
 //! reported on the object's status (`status`).
 
 pub mod fetch;
+pub mod push;
 pub mod registry;
 pub mod spec;
 pub mod status;
