@@ -127,6 +127,117 @@ fn network_settings(dir: &Path) -> Result<Value> {
     Ok(serde_json::to_value(table)?)
 }
 
+/// Runs `wasm-controller-manager push ARGS` as the registry's user (password on stdin, unless
+/// `password` says another); returns stdout, stderr and success.
+fn push_cli(
+    registry: &Registry,
+    ca: &Path,
+    args: &[String],
+    password: Option<&str>,
+) -> Result<(String, String, bool)> {
+    use std::io::Write as _;
+    let creds = registry.credentials().context("auth")?;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("push")
+        .args(args)
+        .args([
+            "--username",
+            &creds.username,
+            "--password-stdin",
+            "--registry-ca",
+        ])
+        .arg(ca)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(format!("{}\n", password.unwrap_or(&creds.password)).as_bytes())?;
+    let out = child.wait_with_output()?;
+    Ok((
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    ))
+}
+
+/// `push` refuses a core module, a file over its cap and a wrong password, each with a clear
+/// error, and nothing is stored (the registry's own log).
+#[tokio::test(flavor = "multi_thread")]
+async fn push_refuses_what_is_not_a_plugin_and_stores_nothing() -> Result<()> {
+    let registry = Registry::start(RegistryOptions {
+        tls: true,
+        auth: true,
+    })
+    .await?;
+    let work = temp_dir("push-refusals")?;
+    let ca = work.join("ca.pem");
+    std::fs::write(&ca, registry.ca_pem().context("ca")?)?;
+    let core = work.join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0")?;
+    let target = format!("{}/plugins/refused:1", registry.host());
+    let wb = plugin("well-behaved")?.display().to_string();
+    let mark = registry.request_mark()?;
+    let (_, err, ok) = push_cli(
+        &registry,
+        &ca,
+        &[core.display().to_string(), target.clone()],
+        None,
+    )?;
+    assert!(!ok && err.contains("core WebAssembly module"), "{err}");
+    let (_, err, ok) = push_cli(
+        &registry,
+        &ca,
+        &[
+            wb.clone(),
+            target.clone(),
+            "--max-plugin-bytes".into(),
+            "1000".into(),
+        ],
+        None,
+    )?;
+    assert!(!ok && err.contains("more than --max-plugin-bytes"), "{err}");
+    assert_eq!(
+        registry.requests_since(mark)?,
+        Vec::new(),
+        "nothing asked of the registry"
+    );
+    let (_, err, ok) = push_cli(&registry, &ca, &[wb.clone(), target.clone()], Some("wrong"))?;
+    assert!(!ok && err.contains("Unauthorized"), "{err}");
+    let seen = registry.requests_since(mark)?;
+    assert!(
+        !seen.is_empty() && seen.iter().all(|r| r.status == 401),
+        "every request refused: {seen:#?}"
+    );
+    // The right password: pushed, and the printed Plugin names it.
+    let (out, err, ok) = push_cli(
+        &registry,
+        &ca,
+        &[
+            wb,
+            target.clone(),
+            "--plugin-name".into(),
+            "refused-then-pushed".into(),
+        ],
+        None,
+    )?;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("kind: Plugin") && out.contains(&format!("oci: {target}@sha256:")),
+        "{out}"
+    );
+    let manifest_put = registry
+        .requests_since(mark)?
+        .into_iter()
+        .find(|r| r.method == "PUT" && r.path.ends_with("/manifests/1"))
+        .context("the manifest was put")?;
+    assert_eq!(manifest_put.status, 201, "{manifest_put:?}");
+    Ok(())
+}
+
 fn sha_of(path: &Path) -> Result<String> {
     Ok(wasm_controller_manager::sandbox::sha256_hex(
         &std::fs::read(path)?,
@@ -177,16 +288,22 @@ async fn two_replicas_pull_lead_swap_and_stop_plugins_from_a_registry() -> Resul
         )
         .await?
         .reference;
-    let net_ref = registry
-        .push_with(
-            &plugin("network")?,
-            "plugins/network",
-            "1",
-            Layout::Cncf,
-            &Default::default(),
-        )
-        .await?
-        .reference;
+    // The network plugin pushed as an author would, with `wasm-controller-manager push`.
+    let (out, err, ok) = push_cli(
+        &registry,
+        &ca,
+        &[
+            plugin("network")?.display().to_string(),
+            format!("{}/plugins/network:1.0", registry.host()),
+        ],
+        None,
+    )?;
+    assert!(ok, "push failed: {err}");
+    let net_ref = out.trim().to_string();
+    assert!(
+        net_ref.starts_with(&format!("{}/plugins/network:1.0@sha256:", registry.host())),
+        "{net_ref}"
+    );
     let py = plugin("config_reloader")?;
     let py_ref = registry
         .push_with(
