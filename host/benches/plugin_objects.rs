@@ -323,8 +323,8 @@ async fn run() {
         "bench/config-reloader".into(),
     )
     .await;
-    grant(&env, "well_behaved", &["bench-rust".to_string()]).await;
-    grant(&env, "config_reloader", &["bench-python".to_string()]).await;
+    grant(env, "well_behaved", &["bench-rust".to_string()]).await;
+    grant(env, "config_reloader", &["bench-python".to_string()]).await;
 
     let ns = env.namespace("bench-objects").await.expect("namespace");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -397,7 +397,7 @@ async fn run() {
     let rss_none = rss_mib_of(&host.child.id().to_string());
     host.stop();
     let twenty: Vec<String> = (0..20).map(|i| format!("bench-n{i}")).collect();
-    grant(&env, "well_behaved", &twenty).await;
+    grant(env, "well_behaved", &twenty).await;
     let mut refs = Vec::new();
     for (i, _) in twenty.iter().enumerate() {
         refs.push(

@@ -307,7 +307,7 @@ impl Fetcher {
                     .collect()
             })
             .unwrap_or_default();
-        if lines.iter().any(|l| *l == fetched.access) {
+        if lines.contains(&fetched.access) {
             return;
         }
         // Bounded: the most recent 256 combinations that pulled it.
