@@ -34,6 +34,8 @@ pub struct RunConfig {
     pub kubeconfig: Option<PathBuf>,
     pub plugins_dir: PathBuf,
     pub compile_cache: Option<PathBuf>,
+    /// The compile cache's bound, MiB (`--compile-cache-max-mb`).
+    pub compile_cache_max_mb: u64,
     pub metrics_addr: Option<SocketAddr>,
     /// A separate address for /healthz and /readyz.
     pub health_addr: Option<SocketAddr>,
@@ -88,6 +90,7 @@ pub struct Manager {
     http_task: Option<tokio::task::JoinHandle<()>>,
     health_task: Option<tokio::task::JoinHandle<()>>,
     object_tasks: Vec<tokio::task::JoinHandle<()>>,
+    objects: Option<Arc<ObjectSource>>,
     /// Stopped when the manager stops or is dropped.
     _reach_task: crate::cluster::reach::ReachTask,
     pub metrics_addr: Option<SocketAddr>,
@@ -148,6 +151,7 @@ impl Manager {
         let metrics = Metrics::new();
         let runtime = Arc::new(Runtime::new(RuntimeSettings {
             compile_cache: cfg.compile_cache.clone(),
+            compile_cache_max_bytes: cfg.compile_cache_max_mb << 20,
             max_instances: cfg.max_instances,
             max_memory: cfg.limits.memory.max(256 << 20),
             memory_reset: cfg.memory_reset,
@@ -320,6 +324,7 @@ impl Manager {
             http_task,
             health_task,
             object_tasks,
+            objects: objects.clone(),
             _reach_task: reach_task,
             metrics_addr,
             health_addr,
@@ -349,6 +354,9 @@ impl Manager {
         self.crd_task.abort();
         for t in &self.object_tasks {
             t.abort();
+        }
+        if let Some(o) = &self.objects {
+            o.stop();
         }
         self.plugins.stop_all().await;
         for t in [self.http_task, self.health_task].into_iter().flatten() {

@@ -369,6 +369,10 @@ struct RunArgs {
     /// Directory for precompiled plugins (keyed by content and engine); none: compile at every start.
     #[arg(long, env = "WCM_COMPILE_CACHE")]
     compile_cache: Option<PathBuf>,
+    /// Bound of --compile-cache, MiB: past it, the oldest artifacts of components no plugin names
+    /// now are removed (those of running plugins never are).
+    #[arg(long, env = "WCM_COMPILE_CACHE_MAX_MB", default_value_t = 192)]
+    compile_cache_max_mb: u64,
     /// Address for /metrics, /plugins and /debug/controllers (and /healthz, /readyz); "off"
     /// disables it.
     #[arg(long, env = "WCM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -464,6 +468,15 @@ struct RunArgs {
         value_delimiter = ','
     )]
     plugin_object_hosts: Vec<String>,
+    /// PEM files of cosign public keys (ECDSA P-256); repeatable. With any, every Plugin's
+    /// artifact must carry a cosign signature by one of them, besides the Plugin's own
+    /// `verify.publicKeys` (checked offline; docs/deploying.md).
+    #[arg(
+        long = "plugin-verify-key",
+        env = "WCM_PLUGIN_VERIFY_KEYS",
+        value_delimiter = ','
+    )]
+    plugin_verify_keys: Vec<PathBuf>,
     /// Memory for the components of all Plugin objects together, MiB (each also within
     /// --max-plugin-bytes); a Plugin past it waits, reported on its status, until room is made.
     #[arg(long, env = "WCM_PLUGIN_OBJECTS_MAX_TOTAL_MB", default_value_t = 512)]
@@ -738,11 +751,6 @@ impl RunArgs {
             }
             let normal = wasm_controller_manager::loading::objects::spec::normal_authority;
             self.plugin_registries = self.plugin_registries.iter().map(|r| normal(r)).collect();
-            self.plugin_registry_plain_http = self
-                .plugin_registry_plain_http
-                .iter()
-                .map(|r| normal(r))
-                .collect();
             for r in self.plugin_registry_plain_http.iter() {
                 anyhow::ensure!(
                     self.plugin_registries.contains(r),
@@ -758,6 +766,27 @@ impl RunArgs {
                 max_total_bytes: usize::try_from(self.plugin_objects_max_total_mb << 20)
                     .unwrap_or(usize::MAX),
                 secrets_namespace: identity.namespace.clone(),
+                required_keys: if self.plugin_verify_keys.is_empty() {
+                    None
+                } else {
+                    let mut pems = Vec::new();
+                    for p in &self.plugin_verify_keys {
+                        pems.push(std::fs::read_to_string(p).map_err(|e| {
+                            anyhow::anyhow!("--plugin-verify-key {}: {e}", p.display())
+                        })?);
+                    }
+                    Some(
+                        wasm_controller_manager::loading::objects::verify::TrustedKeys::parse(
+                            &pems,
+                        )
+                        .map_err(|e| {
+                            anyhow::anyhow!(
+                                "--plugin-verify-key: {}",
+                                e.replace("verify.publicKeys", "key")
+                            )
+                        })?,
+                    )
+                },
                 ceilings: wasm_controller_manager::loading::objects::spec::Ceilings {
                     hosts: self.plugin_object_hosts.iter().cloned().collect(),
                     ..Default::default()
@@ -782,6 +811,7 @@ impl RunArgs {
             kubeconfig: self.kubeconfig,
             plugins_dir: self.plugins_dir,
             compile_cache: self.compile_cache,
+            compile_cache_max_mb: self.compile_cache_max_mb,
             metrics_addr,
             kube_qps: self.kube_qps,
             kube_burst: self.kube_burst,

@@ -154,6 +154,8 @@ async fn every_manifest_passes_a_server_side_dry_run() -> Result<()> {
 const CLUSTER_SCOPED: [&str; 4] = [
     "Namespace",
     "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
     "ClusterRole",
     "ClusterRoleBinding",
 ];

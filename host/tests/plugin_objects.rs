@@ -144,6 +144,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
         max_total_bytes: 256 << 20,
         secrets_namespace: "wcm-system".into(),
         ceilings: Default::default(),
+        required_keys: None,
     });
     let manager = start_manager(cfg).await?;
     let plugins: Api<DynamicObject> = Api::all_with(client.clone(), &objects::resource());
@@ -443,7 +444,35 @@ async fn writing_a_plugin_needs_the_run_verb_on_its_name() -> Result<()> {
             &Patch::Merge(json!({"spec": {"source": {"https": {"url": "https://files.example/y.wasm", "sha256": sha}}}})),
         )
         .await?;
-    ours.delete("team-a-reloader", &DeleteParams::default())
+    // Another team's existing Plugin: a change of its spec is refused; a label is not code.
+    ours.create(&PostParams::default(), &object("someone-elses")?)
         .await?;
+    let e = theirs
+        .patch(
+            "someone-elses",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"https": {"url": "https://files.example/evil.wasm", "sha256": sha}}}})),
+        )
+        .await
+        .expect_err("a change of another team's spec is refused");
+    assert!(
+        matches!(&e, kube::Error::Api(a) if a.code == 403 && a.message.contains("needs the verb run")),
+        "{e:?}"
+    );
+    let stored = ours.get("someone-elses").await?;
+    assert_eq!(
+        stored.data["spec"]["source"]["https"]["url"], "https://files.example/x.wasm",
+        "the stored spec is unchanged"
+    );
+    theirs
+        .patch(
+            "someone-elses",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"seen-by": "team-a"}}})),
+        )
+        .await?;
+    for n in ["team-a-reloader", "someone-elses"] {
+        ours.delete(n, &DeleteParams::default()).await?;
+    }
     Ok(())
 }

@@ -163,6 +163,7 @@ fn settings(registry: &Registry, cache: &Path) -> Result<ObjectSettings> {
         max_total_bytes: MAX_TOTAL,
         secrets_namespace: IDENTITY_NS.into(),
         ceilings: Default::default(),
+        required_keys: None,
     })
 }
 

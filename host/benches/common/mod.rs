@@ -182,6 +182,7 @@ pub async fn granted(env: &testenv::TestEnv, dir: &Path) -> kube::Config {
     let discovery = Discovery::new(client.clone(), Duration::from_secs(10));
     let req = rbac::RbacRequest {
         compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
+        compile_cache_max_mb: 192,
         plugins,
         identity: IdentitySettings::default(),
         host_service_account: None,

@@ -667,6 +667,9 @@ impl PluginManager {
                 .lock()
                 .await
                 .retain(|sha, _| on_disk_shas.contains(sha));
+            let named: std::collections::HashSet<String> =
+                on_disk_shas.into_iter().cloned().collect();
+            self.parts.runtime.trim_compile_cache(&named);
         }
         lock(&self.described).retain(|stem, (disk, _)| on_disk.get(stem) == Some(disk));
         lock(&self.late_describes).retain(|stem, disk| on_disk.get(stem) == Some(disk));

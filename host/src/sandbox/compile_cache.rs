@@ -417,6 +417,54 @@ pub(super) fn remove_temporaries_of(dir: &Path, pid: u32) {
 
 /// At start: the temporary files killed compiles left in the cache (older than
 /// `STALE_TEMPORARY`). Returns how many were removed.
+/// Keeps the cache within `max_bytes`: while its artifacts together are larger, removes the
+/// oldest (by modification time) of those whose component is not in `named` (what the plugins
+/// directory and the Plugin objects name now). Artifacts of named components are never removed, so
+/// the cache can stay over the bound only by what runs. Returns how many were removed.
+///
+/// Without it, whoever may change a Plugin's source could fill the cache's volume with artifacts
+/// of digests named once each (and get the Pod evicted).
+pub fn keep_within(dir: &Path, named: &std::collections::HashSet<String>, max_bytes: u64) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut artifacts: Vec<(std::time::SystemTime, u64, PathBuf, bool)> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().into_string().ok()?;
+            let sha = name.strip_suffix(".cwasm")?.split('-').next()?.to_string();
+            let meta = e.path().symlink_metadata().ok()?;
+            meta.is_file().then(|| {
+                (
+                    meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                    meta.len(),
+                    e.path(),
+                    named.contains(&sha),
+                )
+            })
+        })
+        .collect();
+    let mut total: u64 = artifacts.iter().map(|a| a.1).sum();
+    if total <= max_bytes {
+        return 0;
+    }
+    artifacts.sort_by_key(|a| a.0);
+    let mut removed = 0;
+    for (_, len, path, is_named) in artifacts {
+        if total <= max_bytes {
+            break;
+        }
+        if is_named {
+            continue;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total = total.saturating_sub(len);
+            removed += 1;
+        }
+    }
+    removed
+}
+
 pub fn clean_stale_temporaries(dir: &Path) -> usize {
     let now = std::time::SystemTime::now();
     remove_temporaries(dir, |_, meta| {

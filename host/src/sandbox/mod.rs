@@ -50,6 +50,8 @@ const DESCRIBE_SLOT_WAIT: Duration = Duration::from_secs(2);
 pub struct RuntimeSettings {
     /// Where precompiled components are kept (`None`: compile every time).
     pub compile_cache: Option<PathBuf>,
+    /// The compile cache's bound (`--compile-cache-max-mb`).
+    pub compile_cache_max_bytes: u64,
     /// Component instances that may exist at once across all plugins (the pooling allocator's
     /// size; shared out by `pool::InstancePool`).
     pub max_instances: u32,
@@ -129,6 +131,7 @@ impl Default for RuntimeSettings {
     fn default() -> Self {
         RuntimeSettings {
             compile_cache: None,
+            compile_cache_max_bytes: 192 << 20,
             max_instances: 128,
             max_memory: 256 << 20,
             keep_resident: 2 << 20,
@@ -280,6 +283,17 @@ impl Runtime {
     }
 
     /// The shares of the instance pool.
+    /// Keeps the compile cache within its bound (`RuntimeSettings::compile_cache_max_bytes`),
+    /// never removing the artifact of a component in `named`.
+    pub fn trim_compile_cache(&self, named: &std::collections::HashSet<String>) {
+        if let Some(dir) = &self.settings.compile_cache {
+            let n = compile_cache::keep_within(dir, named, self.settings.compile_cache_max_bytes);
+            if n > 0 {
+                tracing::info!(dir = %dir.display(), removed = n, "compile cache over its bound: artifacts of components no plugin names removed");
+            }
+        }
+    }
+
     pub fn pool(&self) -> &Arc<InstancePool> {
         &self.pool
     }

@@ -105,6 +105,7 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
         kubeconfig: None,
         plugins_dir: plugins_dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
+        compile_cache_max_mb: 192,
         metrics_addr: Some("127.0.0.1:0".parse().expect("static address")),
         kube_qps: 200.0,
         kube_burst: 400,

@@ -73,9 +73,9 @@ pub struct Fetched {
     pub manifest: Option<Vec<u8>>,
     /// Who pulled it (see `Fetcher::fetch`).
     pub access: String,
-    /// The verified cosign signature (payload, signature) and the index of the key that made
-    /// it, when the Plugin asks for verification.
-    pub signature: Option<(Vec<u8>, String, usize)>,
+    /// The verified cosign signatures, one (payload, signature, index of the key) per set of
+    /// keys asked for (the operator's, the Plugin's).
+    pub signatures: Vec<(Vec<u8>, String, usize)>,
     /// Served from the disk cache, without the network.
     pub cached: bool,
 }
@@ -189,7 +189,7 @@ impl Fetcher {
         &self,
         origin: &Origin,
         credentials: Option<&Credentials>,
-        keys: Option<&TrustedKeys>,
+        keys: &[&TrustedKeys],
     ) -> Result<Fetched, FetchError> {
         let access = access_key(origin, credentials);
         if self.pulled_with(origin, &access)
@@ -197,7 +197,7 @@ impl Fetcher {
             && let Some(signature) = self.cached_signature(origin, keys)
         {
             hit.access = access;
-            hit.signature = signature;
+            hit.signatures = signature;
             return Ok(hit);
         }
         let mut fetched = match origin {
@@ -227,34 +227,54 @@ impl Fetcher {
             .unwrap_or(false)
     }
 
-    /// For a cache hit: no keys, nothing to check (`Some(None)`); with keys, the signature kept
-    /// with the component, checked again now against the Plugin's current keys (`None`: not
-    /// verified offline, so the cache is not used).
-    #[allow(clippy::option_option)]
+    /// For a cache hit: no keys, nothing to check (`Some` of nothing); with keys, for each set
+    /// a signature kept with the component that verifies with it now (`None`: not verified
+    /// offline, so the cache is not used).
     fn cached_signature(
         &self,
         origin: &Origin,
-        keys: Option<&TrustedKeys>,
-    ) -> Option<Option<(Vec<u8>, String, usize)>> {
-        let Some(keys) = keys else {
-            return Some(None);
-        };
-        let (Origin::Oci(r), Some(dir)) = (origin, &self.cache) else {
+        keys: &[&TrustedKeys],
+    ) -> Option<Vec<(Vec<u8>, String, usize)>> {
+        if keys.is_empty() {
+            return Some(Vec::new());
+        }
+        let Origin::Oci(r) = origin else {
             return None;
         };
-        let raw = super::store::read_private(
-            &dir.join("oci").join(format!("{}.sig", r.digest)),
-            256 << 10,
-        )
-        .ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+        let kept = self.kept_signatures(r);
+        keys.iter()
+            .map(|k| {
+                kept.iter().find_map(|(payload, signature)| {
+                    let by = verify::verify_payload(k, payload, signature, &r.digest).ok()?;
+                    Some((payload.clone(), signature.clone(), by))
+                })
+            })
+            .collect()
+    }
+
+    /// The signatures kept with manifest `r` (at most 16).
+    fn kept_signatures(&self, r: &OciRef) -> Vec<(Vec<u8>, String)> {
         use base64::Engine as _;
-        let payload = base64::engine::general_purpose::STANDARD
-            .decode(v["payload"].as_str()?)
-            .ok()?;
-        let signature = v["signature"].as_str()?.to_string();
-        let by = verify::verify_payload(keys, &payload, &signature, &r.digest).ok()?;
-        Some(Some((payload, signature, by)))
+        let Some(dir) = &self.cache else {
+            return Vec::new();
+        };
+        let Ok(raw) =
+            super::store::read_private(&dir.join("oci").join(format!("{}.sig", r.digest)), 2 << 20)
+        else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap_or_default();
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .take(verify::MAX_SIGNATURES)
+            .filter_map(|e| {
+                let payload = base64::engine::general_purpose::STANDARD
+                    .decode(e["payload"].as_str()?)
+                    .ok()?;
+                Some((payload, e["signature"].as_str()?.to_string()))
+            })
+            .collect()
     }
 
     /// Keeps an accepted component in the cache (a cache that cannot be written costs a pull at
@@ -276,15 +296,28 @@ impl Fetcher {
                             m,
                         );
                     }
-                    if let Some((payload, signature, _)) = &fetched.signature {
+                    if !fetched.signatures.is_empty() {
+                        // Added to what other Plugins (other keys) had kept for this manifest.
                         use base64::Engine as _;
-                        let kept = serde_json::json!({
-                            "payload": base64::engine::general_purpose::STANDARD.encode(payload),
-                            "signature": signature,
-                        });
+                        let mut kept = self.kept_signatures(r);
+                        for (payload, signature, _) in &fetched.signatures {
+                            if !kept.iter().any(|(_, s)| s == signature) {
+                                kept.push((payload.clone(), signature.clone()));
+                            }
+                        }
+                        let keep = kept.len().saturating_sub(verify::MAX_SIGNATURES);
+                        let list: Vec<serde_json::Value> = kept[keep..]
+                            .iter()
+                            .map(|(p, s)| {
+                                serde_json::json!({
+                                    "payload": base64::engine::general_purpose::STANDARD.encode(p),
+                                    "signature": s,
+                                })
+                            })
+                            .collect();
                         let _ = super::store::write_private(
                             &dir.join("oci").join(format!("{}.sig", r.digest)),
-                            kept.to_string().as_bytes(),
+                            serde_json::Value::Array(list).to_string().as_bytes(),
                         );
                     }
                 }
@@ -335,7 +368,12 @@ impl Fetcher {
                 .flatten()
                 .filter_map(|e| {
                     let path = e.ok()?.path();
-                    let stem = path.file_name()?.to_str()?.split('.').next()?.to_string();
+                    let name = path.file_name()?.to_str()?;
+                    // A file being written (`.tmp-…`) is its writer's.
+                    if name.starts_with('.') {
+                        return None;
+                    }
+                    let stem = name.split('.').next()?.to_string();
                     Some((stem, path))
                 })
                 .collect()
@@ -391,7 +429,7 @@ impl Fetcher {
             sha256: sha,
             manifest: None,
             access: String::new(),
-            signature: None,
+            signatures: Vec::new(),
             cached: true,
         })
     }
@@ -400,7 +438,7 @@ impl Fetcher {
         &self,
         r: &OciRef,
         credentials: Option<&Credentials>,
-        keys: Option<&TrustedKeys>,
+        keys: &[&TrustedKeys],
     ) -> Result<Fetched, FetchError> {
         let mut session =
             self.registry
@@ -419,11 +457,11 @@ impl Fetcher {
             ));
         }
         let (layer_digest, size) = wasm_layer(&raw, self.max_bytes)?;
-        // Signed by the operator's keys, before the layer is downloaded.
-        let signature = match keys {
-            Some(keys) => Some(self.verify_signature(&mut session, r, keys).await?),
-            None => None,
-        };
+        // Signed by the keys asked for, before the layer is downloaded.
+        let mut signatures = Vec::new();
+        for k in keys {
+            signatures.push(self.verify_signature(&mut session, r, k).await?);
+        }
         // The declared size bounds the read: a layer longer than its manifest says is refused
         // before it is all in memory.
         let bytes = session
@@ -447,7 +485,7 @@ impl Fetcher {
             sha256: layer_digest,
             manifest: Some(raw),
             access: String::new(),
-            signature,
+            signatures,
             cached: false,
         })
     }
@@ -524,7 +562,7 @@ impl Fetcher {
             sha256: sha256.to_string(),
             manifest: None,
             access: String::new(),
-            signature: None,
+            signatures: Vec::new(),
             cached: false,
         })
     }

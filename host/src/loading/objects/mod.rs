@@ -62,6 +62,9 @@ pub struct ObjectSettings {
     pub secrets_namespace: String,
     /// What an object's settings may ask for (filled by the manager from its own settings).
     pub ceilings: spec::Ceilings,
+    /// `--plugin-verify-key`: every Plugin's artifact must carry a cosign signature by one of
+    /// these (besides the Plugin's own `verify.publicKeys`, if any).
+    pub required_keys: Option<verify::TrustedKeys>,
 }
 
 /// The component and settings the loader is handed for one object.
@@ -72,6 +75,8 @@ pub struct Loadable {
     pub settings_text: Option<String>,
     /// The source it came from, shown in status.
     pub source: String,
+    /// The Plugin's `verify.publicKeys` it was checked against (a change checks it again).
+    pub keys: Vec<String>,
 }
 
 /// What this replica knows of one Plugin object.
@@ -90,6 +95,8 @@ pub struct ObjectState {
     pub cached: bool,
     /// Which of `verify.publicKeys` signed what runs, when the Plugin asks for verification.
     pub verified_by: Option<usize>,
+    /// What runs was verified against `--plugin-verify-key`.
+    pub operator_verified: bool,
     /// Waits for room (more than `MAX_OBJECTS` served).
     pub waiting_for_room: bool,
     attempts: u32,
@@ -97,6 +104,8 @@ pub struct ObjectState {
     /// Which life of the object this state belongs to: a fetch loop of a deleted and re-created
     /// object stops at its next turn.
     epoch: u64,
+    /// Wakes the object's fetch loop from its backoff when the spec changes.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// The Plugin objects this replica serves, shared with the loader and the status writer.
@@ -119,6 +128,8 @@ pub struct ObjectSource {
     /// Set once the first list is complete: the cache is cleaned only from then on (before, an
     /// object not yet listed would lose what the cache holds for it).
     listed: std::sync::atomic::AtomicBool,
+    /// Set when the manager stops: fetch loops end at their next turn.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -158,7 +169,17 @@ impl ObjectSource {
             next_epoch: std::sync::atomic::AtomicU64::new(1),
             blobs: Mutex::default(),
             listed: std::sync::atomic::AtomicBool::new(false),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Ends every fetch loop (the manager stops): each at its next turn, one in its backoff now.
+    pub fn stop(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in lock(&self.objects).values() {
+            s.wake.notify_one();
+        }
     }
 
     /// What the loader should run: `Plugin/NAME` → component and settings.
@@ -292,6 +313,11 @@ impl ObjectSource {
         let Some(name) = o.metadata.name.clone() else {
             return;
         };
+        // Being deleted (finalizers pending): stopped now, as a delete.
+        if o.metadata.deletion_timestamp.is_some() {
+            self.remove(&name);
+            return;
+        }
         let generation = o.metadata.generation.unwrap_or_default();
         let parsed = PluginSpec::from_value(&o.data["spec"]).and_then(|s| {
             let origin = s.origin(&self.settings.registries)?;
@@ -348,10 +374,15 @@ impl ObjectSource {
             state.attempts = 0;
             match &parsed {
                 Ok((origin, spec)) => {
+                    let keys = spec
+                        .verify
+                        .as_ref()
+                        .map(|v| v.public_keys.clone())
+                        .unwrap_or_default();
                     let same_bytes = state
                         .loadable
                         .as_ref()
-                        .is_some_and(|l| l.source == origin.shown());
+                        .is_some_and(|l| l.source == origin.shown() && l.keys == keys);
                     if same_bytes {
                         // Settings alone changed: the same component with new settings, no fetch.
                         if let Some(l) = state.loadable.as_mut() {
@@ -362,9 +393,13 @@ impl ObjectSource {
                         self.changed.notify_one();
                         None
                     } else {
-                        // One fetch loop per object: marked here, under the lock.
+                        // One fetch loop per object: marked here, under the lock; one that waits
+                        // in its backoff is woken to fetch what the spec names now.
                         let start = !state.fetching;
                         state.fetching = true;
+                        if !start {
+                            state.wake.notify_one();
+                        }
                         start.then_some(state.epoch)
                     }
                 }
@@ -381,6 +416,9 @@ impl ObjectSource {
     /// the spec stays the same.
     async fn fetch_loop(self: Arc<Self>, name: String, epoch: u64) {
         loop {
+            if self.stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
             let (origin, spec) = {
                 let mut objects = lock(&self.objects);
                 let Some(state) = objects.get_mut(&name).filter(|s| s.epoch == epoch) else {
@@ -390,10 +428,15 @@ impl ObjectSource {
                     state.fetching = false;
                     return;
                 };
+                let keys = spec
+                    .verify
+                    .as_ref()
+                    .map(|v| v.public_keys.clone())
+                    .unwrap_or_default();
                 if state
                     .loadable
                     .as_ref()
-                    .is_some_and(|l| l.source == origin.shown())
+                    .is_some_and(|l| l.source == origin.shown() && l.keys == keys)
                 {
                     state.fetching = false;
                     return;
@@ -408,14 +451,25 @@ impl ObjectSource {
                     .clone();
                 let _mine = registry_turn.acquire().await;
                 let _turn = self.fetch_turns.acquire().await;
+                // Still this object's life and still what it names, now that the turns are taken
+                // (a burst of deletes and re-creates must not queue as many downloads).
+                let current = lock(&self.objects).get(&name).is_some_and(|s| {
+                    s.epoch == epoch && matches!(&s.spec, Some(Ok((o, _))) if *o == origin)
+                });
+                if !current {
+                    continue;
+                }
+                let spec_keys = spec.trusted_keys().ok().flatten();
+                let keys: Vec<&verify::TrustedKeys> = self
+                    .settings
+                    .required_keys
+                    .iter()
+                    .chain(spec_keys.iter())
+                    .collect();
                 match self.credentials(&name, &spec, &origin).await {
                     Ok(creds) => tokio::time::timeout(
                         FETCH_TIMEOUT,
-                        self.fetcher.fetch(
-                            &origin,
-                            creds.as_ref(),
-                            spec.trusted_keys().ok().flatten().as_ref(),
-                        ),
+                        self.fetcher.fetch(&origin, creds.as_ref(), &keys),
                     )
                     .await
                     .unwrap_or_else(|_| {
@@ -504,9 +558,18 @@ impl ObjectSource {
                             sha256: fetched.sha256,
                             settings_text,
                             source: origin.shown(),
+                            keys: spec
+                                .verify
+                                .as_ref()
+                                .map(|v| v.public_keys.clone())
+                                .unwrap_or_default(),
                         });
                         state.cached = fetched.cached;
-                        state.verified_by = fetched.signature.as_ref().map(|(_, _, by)| *by);
+                        // The Plugin's own keys are the last set checked, when it names any.
+                        state.verified_by = spec_has_keys(&spec)
+                            .then(|| fetched.signatures.last().map(|(_, _, by)| *by))
+                            .flatten();
+                        state.operator_verified = self.settings.required_keys.is_some();
                         state.loaded_generation = Some(generation);
                         state.fetch_error = None;
                         state.fetching = false;
@@ -531,7 +594,17 @@ impl ObjectSource {
                     }
                 }
             };
-            tokio::time::sleep(retry_in).await;
+            let wake = lock(&self.objects)
+                .get(&name)
+                .filter(|s| s.epoch == epoch)
+                .map(|s| s.wake.clone());
+            let Some(wake) = wake else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(retry_in) => {}
+                _ = wake.notified() => {}
+            }
         }
     }
 
@@ -603,6 +676,12 @@ impl ObjectSource {
             message: e,
         })
     }
+}
+
+fn spec_has_keys(spec: &PluginSpec) -> bool {
+    spec.verify
+        .as_ref()
+        .is_some_and(|v| !v.public_keys.is_empty())
 }
 
 fn backoff(attempts: u32) -> Duration {

@@ -86,34 +86,53 @@ impl RegistryClient {
         let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
         let allowed = Arc::new(allowed);
         let plain_http = Arc::new(plain_http);
-        let (a, p) = (allowed.clone(), plain_http.clone());
         // reqwest drops Authorization when a redirect leaves the host, so a token or password
         // never follows one to another registry.
-        let policy = reqwest::redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() > MAX_REDIRECTS {
-                return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+        let policy = |a: Arc<BTreeSet<String>>, p: Arc<BTreeSet<String>>| {
+            reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.previous().len() > MAX_REDIRECTS {
+                    return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+                }
+                match may_reach(attempt.url(), &a, &p) {
+                    Ok(()) => attempt.follow(),
+                    Err(m) => attempt.error(format!("a redirect to {m}")),
+                }
+            })
+        };
+        let build = |system_roots: bool| -> anyhow::Result<reqwest::Client> {
+            let mut builder = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(Duration::from_secs(30))
+                .redirect(policy(allowed.clone(), plain_http.clone()))
+                .user_agent(concat!(
+                    "wasm-controller-manager/",
+                    env!("CARGO_PKG_VERSION")
+                ))
+                .https_only(plain_http.is_empty());
+            let extra = match extra_ca_pem {
+                Some(pem) => reqwest::Certificate::from_pem_bundle(pem)?,
+                None => Vec::new(),
+            };
+            builder = if system_roots {
+                builder.tls_certs_merge(extra)
+            } else {
+                builder.tls_certs_only(extra)
+            };
+            Ok(builder.build()?)
+        };
+        // A system without CA certificates (a bare root filesystem) still serves registries of
+        // --plugin-registry-ca: only those are trusted then, said once.
+        let http = match build(true) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(
+                    "the system's CA certificates cannot be used ({e:#}): registries are trusted only through --plugin-registry-ca"
+                );
+                build(false)?
             }
-            match may_reach(attempt.url(), &a, &p) {
-                Ok(()) => attempt.follow(),
-                Err(m) => attempt.error(format!("a redirect to {m}")),
-            }
-        });
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(30))
-            .redirect(policy)
-            .user_agent(concat!(
-                "wasm-controller-manager/",
-                env!("CARGO_PKG_VERSION")
-            ))
-            .https_only(plain_http.is_empty());
-        if let Some(pem) = extra_ca_pem {
-            for cert in reqwest::Certificate::from_pem_bundle(pem)? {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
+        };
         Ok(RegistryClient {
-            http: builder.build()?,
+            http,
             allowed,
             plain_http,
         })

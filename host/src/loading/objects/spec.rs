@@ -204,7 +204,7 @@ impl OciRef {
             ));
         }
         Ok(OciRef {
-            registry: registry.to_string(),
+            registry: normal_authority(registry),
             repository: repository.to_string(),
             tag: tag.map(str::to_string),
             digest: digest.to_string(),
@@ -241,7 +241,7 @@ impl PluginSpec {
                 }
                 Origin::Https {
                     url: h.url.clone(),
-                    authority: authority.to_string(),
+                    authority: normal_authority(authority),
                     sha256: h.sha256.clone(),
                 }
             }

@@ -60,26 +60,31 @@ fn conditions(
         (None, None, false) => cond("Pulled", None, "Pulling", "fetching the component"),
     };
     out.push(pulled);
-    let wants_signature = matches!(&state.spec, Some(Ok((_, s))) if s.verify.as_ref().is_some_and(|v| !v.public_keys.is_empty()));
-    let verified = match (&state.fetch_error, wants_signature, current) {
-        (Some(e), true, _) if e.reason.starts_with("Signature") => {
+    let verified = match (&state.fetch_error, current) {
+        (Some(e), _) if e.reason.starts_with("Signature") => {
             cond("Verified", Some(false), e.reason, &e.message)
         }
-        (_, false, _) => cond(
-            "Verified",
-            Some(true),
-            "NotRequested",
-            "no signature verification requested",
-        ),
-        (None, true, true) => match state.verified_by {
-            Some(i) => cond(
+        (None, true) if state.verified_by.is_some() || state.operator_verified => {
+            let mut by = Vec::new();
+            if state.operator_verified {
+                by.push("--plugin-verify-key".to_string());
+            }
+            if let Some(i) = state.verified_by {
+                by.push(format!("verify.publicKeys[{i}]"));
+            }
+            cond(
                 "Verified",
                 Some(true),
                 "Verified",
-                &format!("a cosign signature by verify.publicKeys[{i}]"),
-            ),
-            None => cond("Verified", None, "Verifying", "checking the signature"),
-        },
+                &format!("cosign signatures by {}", by.join(" and ")),
+            )
+        }
+        (None, true) => cond(
+            "Verified",
+            None,
+            "NotRequested",
+            "no signature verification requested (the digest pins the bytes)",
+        ),
         _ => cond("Verified", None, "Verifying", "checking the signature"),
     };
     out.push(verified);
