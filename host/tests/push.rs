@@ -170,8 +170,9 @@ async fn push_and_check(registry: &Registry, ca: &Path, name: &str, auth: Auth<'
     assert!(
         seen.iter().any(|r| r.method == "PUT"
             && r.status == 201
-            && r.query.contains(&format!("sha256:{layer_digest}"))),
-        "the component uploaded under its digest: {seen:#?}"
+            && r.path.starts_with(&format!("/v2/{repo}/blobs/uploads/"))
+            && r.digest == format!("sha256:{layer_digest}")),
+        "the component stored under its digest (the registry's): {seen:#?}"
     );
     let user = registry.credentials().context("auth")?.username;
     assert!(

@@ -59,8 +59,19 @@ pub fn component_names(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>)> {
     let mut imports = Vec::new();
     let mut exports = Vec::new();
     let mut depth = 0usize;
+    if !bytes.starts_with(b"\0asm") {
+        bail!("not a WebAssembly binary (no \\0asm header)");
+    }
     for payload in Parser::new(0).parse_all(bytes) {
-        match payload.context("not a WebAssembly binary")? {
+        // One line: some of wasmparser's messages span several.
+        let payload = payload.map_err(|e| {
+            anyhow::anyhow!(
+                "not a valid WebAssembly binary: {} (at byte {})",
+                e.message().split_whitespace().collect::<Vec<_>>().join(" "),
+                e.offset()
+            )
+        })?;
+        match payload {
             Payload::Version { encoding, .. } => {
                 if depth == 0 && encoding != Encoding::Component {
                     bail!(
@@ -197,6 +208,15 @@ mod tests {
         let e = component_names(b"\0asm\x01\0\0\0").unwrap_err();
         assert!(e.to_string().contains("core WebAssembly module"), "{e}");
         assert!(component_names(b"junk").is_err());
+        // Errors are one line, whatever wasmparser says.
+        for bad in [
+            &b"\0asm\x0d\0\x01\0\xff\xff"[..],
+            b"\0asm\x02\0\0\0",
+            b"\0asm",
+        ] {
+            let e = component_names(bad).unwrap_err().to_string();
+            assert!(!e.contains('\n'), "{e}");
+        }
         // The smallest component: no imports, no exports.
         let (i, e) = component_names(b"\0asm\x0d\0\x01\0").unwrap();
         assert!(i.is_empty() && e.is_empty());
