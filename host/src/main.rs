@@ -77,7 +77,7 @@ struct PushArgs {
     max_plugin_bytes: u64,
     /// Print a Plugin object of this name naming the pushed artifact (for `kubectl apply -f -`),
     /// instead of the reference.
-    #[arg(long, visible_alias = "plugin", value_name = "NAME")]
+    #[arg(long = "plugin", visible_alias = "plugin-name", value_name = "NAME")]
     plugin_name: Option<String>,
     /// With --plugin: the pull Secret (kubernetes.io/dockerconfigjson) the Plugin names.
     #[arg(long, requires = "plugin_name", value_name = "SECRET")]
@@ -190,7 +190,7 @@ enum Command {
         compile_cache: Option<PathBuf>,
     },
     /// Push a built plugin to an OCI registry in the CNCF wasm artifact layout and print the
-    /// reference pinned by digest (or, with --plugin-name, a Plugin object naming it) for
+    /// reference pinned by digest (or, with --plugin NAME, a Plugin object naming it) for
     /// `kubectl apply -f -`.
     Push(Box<PushArgs>),
     /// Print the version and the plugin contract (WIT) versions this host serves.
