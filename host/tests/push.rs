@@ -28,6 +28,8 @@ enum Auth<'a> {
     Env(&'a str),
     /// `--docker-config FILE`.
     DockerConfig(&'a Path),
+    /// No credentials.
+    None,
 }
 
 struct Run {
@@ -38,14 +40,28 @@ struct Run {
 
 /// Runs `wasm-controller-manager push ARGS --registry-ca CA` with `auth`.
 fn push_cli(registry: &Registry, ca: &Path, args: &[&str], auth: Auth<'_>) -> Result<Run> {
+    push_cli_with(registry, Some(ca), args, auth)
+}
+
+fn push_cli_with(
+    registry: &Registry,
+    ca: Option<&Path>,
+    args: &[&str],
+    auth: Auth<'_>,
+) -> Result<Run> {
     use std::io::Write as _;
-    let creds = registry.credentials().context("auth")?;
+    let creds = registry
+        .credentials()
+        .unwrap_or_else(|| testenv::registry::Credentials {
+            username: String::new(),
+            password: String::new(),
+        });
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"));
-    cmd.arg("push")
-        .args(args)
-        .arg("--registry-ca")
-        .arg(ca)
-        .env_remove("WCM_REGISTRY_PASSWORD")
+    cmd.arg("push").args(args);
+    if let Some(ca) = ca {
+        cmd.arg("--registry-ca").arg(ca);
+    }
+    cmd.env_remove("WCM_REGISTRY_PASSWORD")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -62,6 +78,7 @@ fn push_cli(registry: &Registry, ca: &Path, args: &[&str], auth: Auth<'_>) -> Re
         Auth::DockerConfig(f) => {
             cmd.arg("--docker-config").arg(f);
         }
+        Auth::None => {}
     }
     let mut child = cmd.spawn()?;
     let mut stdin = child.stdin.take().context("stdin")?;
@@ -415,5 +432,43 @@ async fn push_refuses_a_core_module_junk_an_oversize_file_and_a_wrong_password_w
     assert!(writes(&seen).is_empty(), "{seen:#?}");
     // Nothing under the tag.
     assert!(curl(&registry, &ca, "plugins/refused/manifests/1", MANIFEST_TYPE).is_err());
+    Ok(())
+}
+
+/// A registry without TLS is reached only with `--plain-http`: without it the push fails (TLS to
+/// a plain port) and nothing is stored; with it the manifest lands under the tag.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_http_is_used_only_when_asked_for() -> Result<()> {
+    let registry = Registry::start(RegistryOptions {
+        tls: false,
+        auth: false,
+    })
+    .await?;
+    let wb = plugin("well-behaved")?.display().to_string();
+    let target = format!("{}/plugins/plain:1", registry.host());
+    let mark = registry.request_mark()?;
+    let r = push_cli_with(&registry, None, &[&wb, &target], Auth::None)?;
+    assert!(!r.ok && r.stdout.is_empty(), "{}", r.stderr);
+    assert!(
+        r.stderr.trim_end().lines().count() == 1,
+        "one line: {}",
+        r.stderr
+    );
+    assert!(writes(&registry.requests_since(mark)?).is_empty());
+    let r = push_cli_with(&registry, None, &[&wb, &target, "--plain-http"], Auth::None)?;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with(&format!("{target}@sha256:")),
+        "{}",
+        r.stdout
+    );
+    let seen = registry.requests_since(mark)?;
+    assert!(
+        seen.iter().any(|q| q.method == "PUT"
+            && q.path == "/v2/plugins/plain/manifests/1"
+            && q.status == 201
+            && r.stdout.trim_end().ends_with(&q.digest)),
+        "{seen:#?}"
+    );
     Ok(())
 }
