@@ -113,7 +113,14 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
             req.max_bytes
         );
     }
-    let bytes = std::fs::read(req.file).with_context(|| format!("{}", req.file.display()))?;
+    // Read through the cap, so a file that grows meanwhile is not held past it.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    {
+        use std::io::Read as _;
+        std::fs::File::open(req.file)
+            .and_then(|f| f.take(req.max_bytes as u64 + 1).read_to_end(&mut bytes))
+            .with_context(|| format!("{}", req.file.display()))?;
+    }
     if bytes.len() > req.max_bytes {
         bail!(
             "{} grew past --max-plugin-bytes while read",
@@ -123,6 +130,7 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
     let (imports, exports) =
         component_names(&bytes).with_context(|| format!("{}", req.file.display()))?;
     let layer_digest = crate::sandbox::sha256_hex(&bytes);
+    let layer_size = bytes.len();
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "wasm",
         "os": "wasip2",
@@ -142,7 +150,7 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
         .await
         .map_err(what)?;
     let pushed_layer = session
-        .push_blob(bytes::Bytes::from(bytes.clone()))
+        .push_blob(bytes::Bytes::from(bytes)) // moved, not copied: held once
         .await
         .map_err(what)?;
     anyhow::ensure!(pushed_layer == layer_digest, "the layer's digest changed");
@@ -150,7 +158,7 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPES[0], "digest": format!("sha256:{config_digest}"), "size": config.len()},
-        "layers": [{"mediaType": LAYER_TYPES[0], "digest": format!("sha256:{layer_digest}"), "size": bytes.len()}],
+        "layers": [{"mediaType": LAYER_TYPES[0], "digest": format!("sha256:{layer_digest}"), "size": layer_size}],
     }))?;
     let manifest_digest = session
         .push_manifest(&tag, MANIFEST_TYPE, bytes::Bytes::from(manifest))
