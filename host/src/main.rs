@@ -60,7 +60,7 @@ struct PushArgs {
     #[arg(long)]
     username: Option<String>,
     /// Read the password from standard input (one line).
-    #[arg(long)]
+    #[arg(long, requires = "username")]
     password_stdin: bool,
     /// Credentials from a docker config (`~/.docker/config.json`, or a Secret's .dockerconfigjson),
     /// for the target's registry.
@@ -75,11 +75,12 @@ struct PushArgs {
     /// Largest component accepted, in bytes (as `run --max-plugin-bytes`).
     #[arg(long, default_value_t = 64 << 20)]
     max_plugin_bytes: u64,
-    /// Print a Plugin object of this name naming the pushed artifact, instead of the reference.
-    #[arg(long)]
+    /// Print a Plugin object of this name naming the pushed artifact (for `kubectl apply -f -`),
+    /// instead of the reference.
+    #[arg(long = "plugin", visible_alias = "plugin-name", value_name = "NAME")]
     plugin_name: Option<String>,
-    /// With --plugin-name: the pull Secret the Plugin names.
-    #[arg(long)]
+    /// With --plugin: the pull Secret (kubernetes.io/dockerconfigjson) the Plugin names.
+    #[arg(long, requires = "plugin_name", value_name = "SECRET")]
     pull_secret: Option<String>,
 }
 
@@ -127,7 +128,11 @@ impl PushArgs {
         };
         if let Some(name) = &self.plugin_name {
             wasm_controller_manager::contract::validate::namespace(name)
-                .map_err(|e| anyhow::anyhow!("--plugin-name: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("--plugin: {e}"))?;
+        }
+        if let Some(secret) = &self.pull_secret {
+            wasm_controller_manager::contract::validate::name(secret)
+                .map_err(|e| anyhow::anyhow!("--pull-secret: {e}"))?;
         }
         let ca_pem = match &self.registry_ca {
             Some(p) => Some(
@@ -185,7 +190,7 @@ enum Command {
         compile_cache: Option<PathBuf>,
     },
     /// Push a built plugin to an OCI registry in the CNCF wasm artifact layout and print the
-    /// reference pinned by digest (or, with --plugin-name, a Plugin object naming it) for
+    /// reference pinned by digest (or, with --plugin NAME, a Plugin object naming it) for
     /// `kubectl apply -f -`.
     Push(Box<PushArgs>),
     /// Print the version and the plugin contract (WIT) versions this host serves.

@@ -59,8 +59,19 @@ pub fn component_names(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>)> {
     let mut imports = Vec::new();
     let mut exports = Vec::new();
     let mut depth = 0usize;
+    if !bytes.starts_with(b"\0asm") {
+        bail!("not a WebAssembly binary (no \\0asm header)");
+    }
     for payload in Parser::new(0).parse_all(bytes) {
-        match payload.context("not a WebAssembly binary")? {
+        // One line: some of wasmparser's messages span several.
+        let payload = payload.map_err(|e| {
+            anyhow::anyhow!(
+                "not a valid WebAssembly binary: {} (at byte {})",
+                e.message().split_whitespace().collect::<Vec<_>>().join(" "),
+                e.offset()
+            )
+        })?;
+        match payload {
             Payload::Version { encoding, .. } => {
                 if depth == 0 && encoding != Encoding::Component {
                     bail!(
@@ -102,7 +113,14 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
             req.max_bytes
         );
     }
-    let bytes = std::fs::read(req.file).with_context(|| format!("{}", req.file.display()))?;
+    // Read through the cap, so a file that grows meanwhile is not held past it.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    {
+        use std::io::Read as _;
+        std::fs::File::open(req.file)
+            .and_then(|f| f.take(req.max_bytes as u64 + 1).read_to_end(&mut bytes))
+            .with_context(|| format!("{}", req.file.display()))?;
+    }
     if bytes.len() > req.max_bytes {
         bail!(
             "{} grew past --max-plugin-bytes while read",
@@ -112,6 +130,7 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
     let (imports, exports) =
         component_names(&bytes).with_context(|| format!("{}", req.file.display()))?;
     let layer_digest = crate::sandbox::sha256_hex(&bytes);
+    let layer_size = bytes.len();
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "wasm",
         "os": "wasip2",
@@ -131,7 +150,7 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
         .await
         .map_err(what)?;
     let pushed_layer = session
-        .push_blob(bytes::Bytes::from(bytes.clone()))
+        .push_blob(bytes::Bytes::from(bytes)) // moved, not copied: held once
         .await
         .map_err(what)?;
     anyhow::ensure!(pushed_layer == layer_digest, "the layer's digest changed");
@@ -139,7 +158,7 @@ pub async fn push(req: PushRequest<'_>) -> Result<Pushed> {
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPES[0], "digest": format!("sha256:{config_digest}"), "size": config.len()},
-        "layers": [{"mediaType": LAYER_TYPES[0], "digest": format!("sha256:{layer_digest}"), "size": bytes.len()}],
+        "layers": [{"mediaType": LAYER_TYPES[0], "digest": format!("sha256:{layer_digest}"), "size": layer_size}],
     }))?;
     let manifest_digest = session
         .push_manifest(&tag, MANIFEST_TYPE, bytes::Bytes::from(manifest))
@@ -197,6 +216,15 @@ mod tests {
         let e = component_names(b"\0asm\x01\0\0\0").unwrap_err();
         assert!(e.to_string().contains("core WebAssembly module"), "{e}");
         assert!(component_names(b"junk").is_err());
+        // Errors are one line, whatever wasmparser says.
+        for bad in [
+            &b"\0asm\x0d\0\x01\0\xff\xff"[..],
+            b"\0asm\x02\0\0\0",
+            b"\0asm",
+        ] {
+            let e = component_names(bad).unwrap_err().to_string();
+            assert!(!e.contains('\n'), "{e}");
+        }
         // The smallest component: no imports, no exports.
         let (i, e) = component_names(b"\0asm\x0d\0\x01\0").unwrap();
         assert!(i.is_empty() && e.is_empty());
