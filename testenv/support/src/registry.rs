@@ -559,6 +559,8 @@ fn cosign(dir: &Path, registry: Option<&Registry>, args: &[&str]) -> Result<Stri
         // Nothing is fetched from the public good instance: its TUF root stays empty here.
         .env("TUF_ROOT", dir.join("tuf"))
         .env("SIGSTORE_NO_CACHE", "true")
+        // Its keyless mode would reach Fulcio and Rekor.
+        .env_remove("COSIGN_EXPERIMENTAL")
         .env("HOME", dir)
         .env("DOCKER_CONFIG", dir);
     if let Some(r) = registry {
