@@ -559,6 +559,8 @@ fn cosign(dir: &Path, registry: Option<&Registry>, args: &[&str]) -> Result<Stri
         // Nothing is fetched from the public good instance: its TUF root stays empty here.
         .env("TUF_ROOT", dir.join("tuf"))
         .env("SIGSTORE_NO_CACHE", "true")
+        // Its keyless mode would reach Fulcio and Rekor.
+        .env_remove("COSIGN_EXPERIMENTAL")
         .env("HOME", dir)
         .env("DOCKER_CONFIG", dir);
     if let Some(r) = registry {
@@ -592,7 +594,10 @@ pub fn cosign_key_pair(dir: &Path) -> Result<(PathBuf, String)> {
 
 impl Registry {
     /// Signs `reference` (`HOST/REPO@sha256:…`) with the cosign private key `key`, as
-    /// `cosign sign --key KEY --tlog-upload=false` does: the signature goes to this registry only.
+    /// `cosign sign --key KEY --tlog-upload=false --new-bundle-format=false
+    /// --use-signing-config=false --yes` does: the signature goes to this registry only, as the
+    /// legacy `sha256-HEX.sig` tag (a simple-signing payload layer with the
+    /// `dev.cosignproject.cosign/signature` annotation).
     pub fn cosign_sign(&self, reference: &str, key: &Path) -> Result<()> {
         let dir = key.parent().context("the key's directory")?;
         let key = key.to_str().context("key path")?;
@@ -604,6 +609,10 @@ impl Registry {
                 "--key",
                 key,
                 "--tlog-upload=false",
+                // The legacy `sha256-HEX.sig` tag (v2.6's defaults, said so a newer cosign
+                // does not switch to the bundle format or ask a TUF repository for service URLs).
+                "--new-bundle-format=false",
+                "--use-signing-config=false",
                 "--yes",
                 reference,
             ],

@@ -384,3 +384,106 @@ async fn the_registry_removes_its_storage_when_its_stdin_closes_or_on_sigterm() 
     assert!(!dir.exists(), "{} is left after SIGTERM", dir.display());
     Ok(())
 }
+
+/// What `cosign sign --key KEY --tlog-upload=false` (the real cosign v2, `testenv/cosign/`) leaves
+/// in the registry: a manifest tagged `sha256-HEX.sig` next to the signed artifact whose layer is
+/// a simple-signing payload naming the artifact's digest, its signature in an annotation. The
+/// registry's log shows the tag was written by the test user and that cosign asked for nothing
+/// outside the artifact's repository. With `WCM_COSIGN_FIXTURE_DIR` set, the public key, the
+/// signature manifest, the payload and the signed digest are written there (the host's
+/// verification tests use such files, `host/tests/fixtures/cosign/`).
+#[tokio::test(flavor = "multi_thread")]
+async fn cosign_sign_writes_the_signature_tag_with_a_simple_signing_payload_to_the_registry()
+-> Result<()> {
+    let wasm_path = pod_counter_wasm()?;
+    let registry = Registry::start(RegistryOptions {
+        tls: true,
+        auth: true,
+    })
+    .await?;
+    let user = registry.credentials().context("credentials")?.username;
+    let repo = "plugins/pod-counter";
+    let digest = registry.push(&wasm_path, repo, "v1", Layout::Cncf).await?;
+    let hex = digest.strip_prefix("sha256:").context("sha256 digest")?;
+    let keys = tempfile_dir("cosign-keys")?;
+    let (key, public_pem) = testenv::registry::cosign_key_pair(&keys)?;
+    assert!(
+        public_pem.starts_with("-----BEGIN PUBLIC KEY-----"),
+        "{public_pem}"
+    );
+    assert!(key.is_file());
+
+    let mark = registry.request_mark()?;
+    registry.cosign_sign(&registry.reference(repo, &digest), &key)?;
+    let requests = registry.requests_since(mark)?;
+    let tag = format!("sha256-{hex}.sig");
+    let sig_path = format!("/v2/{repo}/manifests/{tag}");
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "PUT" && r.path == sig_path && r.status == 201 && r.user == user),
+        "no PUT of {sig_path} by {user}: {requests:#?}"
+    );
+    let elsewhere: Vec<_> = requests
+        .iter()
+        .filter(|r| r.path != "/v2/" && !r.path.starts_with(&format!("/v2/{repo}/")))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "cosign asked outside {repo}: {elsewhere:#?}"
+    );
+
+    // The signature manifest, as any client reads it back.
+    let auth = basic(&registry)?;
+    let sig_ref: Reference = format!("{}/{repo}:{tag}", registry.host()).parse()?;
+    let oci = client(&registry);
+    let (manifest, manifest_digest) = oci
+        .pull_manifest_raw(&sig_ref, &auth, &[OCI_MANIFEST_MEDIA_TYPE])
+        .await
+        .context("pull the signature manifest")?;
+    assert_eq!(sha256(&manifest), manifest_digest);
+    let m: Value = serde_json::from_slice(&manifest)?;
+    let layers = m["layers"].as_array().context("layers")?;
+    assert_eq!(layers.len(), 1, "{m:#}");
+    let layer = &layers[0];
+    assert_eq!(
+        layer["mediaType"], "application/vnd.dev.cosign.simplesigning.v1+json",
+        "{m:#}"
+    );
+    let signature = layer["annotations"]["dev.cosignproject.cosign/signature"]
+        .as_str()
+        .context("the signature annotation")?;
+    assert!(!signature.is_empty());
+    let payload_digest = layer["digest"].as_str().context("payload digest")?;
+    let descriptor: oci_client::manifest::OciDescriptor = serde_json::from_value(layer.clone())?;
+    let mut payload = Vec::new();
+    oci.pull_blob(&sig_ref, &descriptor, &mut payload)
+        .await
+        .context("pull the payload")?;
+    assert_eq!(sha256(&payload), payload_digest);
+    let p: Value = serde_json::from_slice(&payload)?;
+    assert_eq!(
+        p["critical"]["image"]["docker-manifest-digest"],
+        digest.as_str()
+    );
+    assert_eq!(p["critical"]["type"], "cosign container image signature");
+
+    if let Some(dir) = std::env::var_os("WCM_COSIGN_FIXTURE_DIR") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("cosign.pub"), &public_pem)?;
+        std::fs::write(dir.join("signature-manifest.json"), &manifest)?;
+        std::fs::write(dir.join("payload.json"), &payload)?;
+        std::fs::write(dir.join("signed-digest"), format!("{digest}\n"))?;
+    }
+    let _ = std::fs::remove_dir_all(&keys);
+    Ok(())
+}
+
+/// A fresh directory under the system temp dir.
+fn tempfile_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("wcm-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -291,4 +291,156 @@ mod tests {
         assert!(signed_payloads(b"nope").is_err());
         assert_eq!(signature_tag(D), format!("sha256-{D}.sig"));
     }
+
+    /// Made by the real cosign v2.6.5 (`cosign generate-key-pair`, then `cosign sign --key
+    /// cosign.key --tlog-upload=false` of a component pushed to the test registry): the test
+    /// `cosign_sign_writes_the_signature_tag_with_a_simple_signing_payload_to_the_registry` in
+    /// testenv/support/tests/registry.rs writes them with `WCM_COSIGN_FIXTURE_DIR` set.
+    mod real_cosign {
+        use super::*;
+        use sha2::{Digest, Sha256};
+
+        const PUBLIC_KEY: &str = include_str!("../../../tests/fixtures/cosign/cosign.pub");
+        const SIG_MANIFEST: &[u8] =
+            include_bytes!("../../../tests/fixtures/cosign/signature-manifest.json");
+        const PAYLOAD: &[u8] = include_bytes!("../../../tests/fixtures/cosign/payload.json");
+        const SIGNED_DIGEST: &str = include_str!("../../../tests/fixtures/cosign/signed-digest");
+        /// openssl-made keys of kinds cosign can also make but the host does not take.
+        const RSA_KEY: &str = include_str!("../../../tests/fixtures/cosign/rsa-2048.pub");
+        const P384_KEY: &str = include_str!("../../../tests/fixtures/cosign/p384.pub");
+
+        fn signed_hex() -> &'static str {
+            SIGNED_DIGEST.trim().strip_prefix("sha256:").unwrap()
+        }
+
+        fn keys() -> TrustedKeys {
+            TrustedKeys::parse(&[PUBLIC_KEY.to_string()]).unwrap()
+        }
+
+        fn the_payload() -> SignedPayload {
+            let mut all = signed_payloads(SIG_MANIFEST).unwrap();
+            assert_eq!(all.len(), 1, "{all:?}");
+            all.remove(0)
+        }
+
+        fn one_line(e: String) -> String {
+            assert!(!e.contains('\n') && !e.is_empty(), "not one line: {e:?}");
+            e
+        }
+
+        #[test]
+        fn a_real_cosign_signature_of_this_manifest_by_the_trusted_key_verifies() {
+            let p = the_payload();
+            assert_eq!(format!("{:x}", Sha256::digest(PAYLOAD)), p.digest_hex);
+            assert_eq!(p.size, PAYLOAD.len() as u64);
+            assert_eq!(
+                verify_payload(&keys(), PAYLOAD, &p.signature_b64, signed_hex()),
+                Ok(0)
+            );
+            // Also when the key is one of several.
+            let (_, other) = key(3);
+            let two = TrustedKeys::parse(&[other, PUBLIC_KEY.to_string()]).unwrap();
+            assert_eq!(
+                verify_payload(&two, PAYLOAD, &p.signature_b64, signed_hex()),
+                Ok(1)
+            );
+        }
+
+        #[test]
+        fn a_real_signature_does_not_verify_another_manifest() {
+            let p = the_payload();
+            let other = format!("{:x}", Sha256::digest(b"another component"));
+            let e =
+                one_line(verify_payload(&keys(), PAYLOAD, &p.signature_b64, &other).unwrap_err());
+            assert!(e.contains("another manifest"), "{e}");
+            assert!(e.contains(signed_hex()), "{e}");
+        }
+
+        #[test]
+        fn a_real_signature_is_refused_under_another_key_and_a_tampered_payload_is_refused() {
+            let p = the_payload();
+            let (_, stranger) = key(8);
+            let strangers = TrustedKeys::parse(&[stranger]).unwrap();
+            let e = one_line(
+                verify_payload(&strangers, PAYLOAD, &p.signature_b64, signed_hex()).unwrap_err(),
+            );
+            assert!(e.contains("none of verify.publicKeys"), "{e}");
+            // The digest it names swapped for another: the signature no longer covers it.
+            let other = format!("{:x}", Sha256::digest(b"another component"));
+            let swapped = String::from_utf8(PAYLOAD.to_vec())
+                .unwrap()
+                .replace(signed_hex(), &other);
+            assert_ne!(swapped.as_bytes(), PAYLOAD);
+            let e = one_line(
+                verify_payload(&keys(), swapped.as_bytes(), &p.signature_b64, &other).unwrap_err(),
+            );
+            assert!(e.contains("none of verify.publicKeys"), "{e}");
+            // A signature made by the attacker's key over the swapped payload: not trusted.
+            let (attacker, _) = key(9);
+            let forged = sign(&attacker, swapped.as_bytes());
+            let e =
+                one_line(verify_payload(&keys(), swapped.as_bytes(), &forged, &other).unwrap_err());
+            assert!(e.contains("none of verify.publicKeys"), "{e}");
+        }
+
+        #[test]
+        fn garbage_in_the_signature_annotation_is_refused() {
+            for garbage in ["%%%not base64%%%", "", "AAAA", "MEUCIQ=="] {
+                let e =
+                    one_line(verify_payload(&keys(), PAYLOAD, garbage, signed_hex()).unwrap_err());
+                assert!(
+                    e.contains("base64") || e.contains("DER"),
+                    "{garbage:?}: {e}"
+                );
+            }
+            // A valid signature in base64 of another encoding (raw r||s, not DER).
+            use base64::Engine as _;
+            let raw = base64::engine::general_purpose::STANDARD.encode([7u8; 64]);
+            assert!(verify_payload(&keys(), PAYLOAD, &raw, signed_hex()).is_err());
+        }
+
+        #[test]
+        fn rsa_and_p384_public_keys_are_refused_with_a_clear_message() {
+            for (what, pem) in [("RSA", RSA_KEY), ("P-384", P384_KEY)] {
+                assert!(pem.starts_with("-----BEGIN PUBLIC KEY-----"), "{what}");
+                let e = one_line(TrustedKeys::parse(&[PUBLIC_KEY.into(), pem.into()]).unwrap_err());
+                assert!(
+                    e.starts_with("verify.publicKeys[1]:") && e.contains("ECDSA P-256"),
+                    "{what}: {e}"
+                );
+            }
+        }
+
+        #[test]
+        fn a_real_signature_manifest_with_too_many_or_oversize_layers_is_refused() {
+            let m: serde_json::Value = serde_json::from_slice(SIG_MANIFEST).unwrap();
+            let layer = m["layers"][0].clone();
+            let mut many = m.clone();
+            many["layers"] = serde_json::Value::Array(vec![layer.clone(); MAX_SIGNATURES + 1]);
+            let e = one_line(signed_payloads(&serde_json::to_vec(&many).unwrap()).unwrap_err());
+            assert!(e.contains("more than 16"), "{e}");
+            let mut just = m.clone();
+            just["layers"] = serde_json::Value::Array(vec![layer.clone(); MAX_SIGNATURES]);
+            assert_eq!(
+                signed_payloads(&serde_json::to_vec(&just).unwrap())
+                    .unwrap()
+                    .len(),
+                MAX_SIGNATURES
+            );
+            let mut big = m.clone();
+            big["layers"][0]["size"] = serde_json::json!(MAX_PAYLOAD + 1);
+            let e = one_line(signed_payloads(&serde_json::to_vec(&big).unwrap()).unwrap_err());
+            assert!(e.contains("more than 65536"), "{e}");
+            let mut unsized_layer = m.clone();
+            unsized_layer["layers"][0]["size"] = serde_json::json!("12");
+            assert!(signed_payloads(&serde_json::to_vec(&unsized_layer).unwrap()).is_err());
+            // A layer of another media type is skipped, not read.
+            let mut other_type = m;
+            other_type["layers"][0]["mediaType"] = serde_json::json!("application/octet-stream");
+            assert_eq!(
+                signed_payloads(&serde_json::to_vec(&other_type).unwrap()),
+                Ok(vec![])
+            );
+        }
+    }
 }
