@@ -284,7 +284,7 @@ async fn push_and_check(registry: &Registry, ca: &Path, name: &str, auth: Auth<'
                 username: creds.username,
                 password: creds.password,
             }),
-            None,
+            &[],
         )
         .await
         .map_err(|e| anyhow::anyhow!("pull back: {} ({})", e.message, e.reason))?;
