@@ -151,7 +151,7 @@ async fn every_manifest_passes_a_server_side_dry_run() -> Result<()> {
 }
 
 /// Kinds of `manifests/` that have no namespace; every other kind there must name one.
-const CLUSTER_SCOPED: [&str; 4] = [
+const CLUSTER_SCOPED: [&str; 6] = [
     "Namespace",
     "CustomResourceDefinition",
     "ValidatingAdmissionPolicy",
