@@ -182,7 +182,6 @@ pub async fn granted(env: &testenv::TestEnv, dir: &Path) -> kube::Config {
     let discovery = Discovery::new(client.clone(), Duration::from_secs(10));
     let req = rbac::RbacRequest {
         compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
-        compile_cache_max_mb: 192,
         plugins,
         identity: IdentitySettings::default(),
         host_service_account: None,
@@ -268,6 +267,7 @@ pub fn bench_config(dir: &Path) -> RunConfig {
         kubeconfig: None,
         plugins_dir: dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
+        compile_cache_max_mb: 192,
         metrics_addr: None,
         kube_qps: 50.0,
         kube_burst: 100,
