@@ -173,20 +173,7 @@ async fn a_plugin_object_is_fetched_runs_keeps_running_through_bad_sources_swaps
     // It acts.
     let ns = env.namespace("plugin-objects").await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    cms.create(&PostParams::default(), &cm("one", &[("value", "1")]))
-        .await?;
-    eventually(
-        "the ConfigMap reconciled",
-        Duration::from_secs(30),
-        || async {
-            Ok(reconciled_annotations(&cms)
-                .await?
-                .get("one")
-                .is_some_and(|v| v == "1")
-                .then_some(()))
-        },
-    )
-    .await?;
+    create_and_wait_reconciled(&cms, "one", "1").await?;
     // Its status, on the object, as kubectl shows it.
     let o = eventually(
         "the Plugin's status Ready",

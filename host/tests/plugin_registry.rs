@@ -364,6 +364,10 @@ async fn two_replicas_pull_lead_swap_and_stop_plugins_from_a_registry() -> Resul
         args.push("--plugin-cache".into());
         args.push(work.join(format!("{name}-cache")).display().to_string());
         // Compiled components are shared with the other tests (by content).
+        args.extend([
+            "--compile-cache-max-mb".to_string(),
+            (1u64 << 20).to_string(),
+        ]);
         args.push("--compile-cache".into());
         args.push(
             std::env::temp_dir()
@@ -431,20 +435,7 @@ async fn two_replicas_pull_lead_swap_and_stop_plugins_from_a_registry() -> Resul
 
     // It reconciles (in the leading replica only: per-plugin election).
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    cms.create(&PostParams::default(), &cm("first", &[("value", "1")]))
-        .await?;
-    eventually(
-        "the ConfigMap reconciled",
-        Duration::from_secs(30),
-        || async {
-            Ok(reconciled_annotations(&cms)
-                .await?
-                .get("first")
-                .is_some_and(|v| v == "1")
-                .then_some(()))
-        },
-    )
-    .await?;
+    create_and_wait_reconciled(&cms, "first", "1").await?;
 
     // `kubectl get plugins`: Ready, and the leader the Lease names.
     let row = eventually(

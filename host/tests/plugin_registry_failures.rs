@@ -176,20 +176,7 @@ async fn start(dir: &Path, registry: &Registry, cache: &Path) -> Result<Manager>
 
 /// The plugin that keeps running beside the failures still reconciles a new change.
 async fn still_reconciles(cms: &Api<ConfigMap>, name: &str) -> Result<()> {
-    cms.create(&PostParams::default(), &cm(name, &[("value", name)]))
-        .await?;
-    eventually(
-        "the running plugin still reconciles",
-        Duration::from_secs(30),
-        || async {
-            Ok(reconciled_annotations(cms)
-                .await?
-                .get(name)
-                .is_some_and(|v| v == name)
-                .then_some(()))
-        },
-    )
-    .await
+    create_and_wait_reconciled(cms, name, name).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -267,7 +267,8 @@ pub fn bench_config(dir: &Path) -> RunConfig {
         kubeconfig: None,
         plugins_dir: dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join(COMPILE_CACHE)),
-        compile_cache_max_mb: 192,
+        // Shared by every test (many variants of the same plugins): never trimmed here.
+        compile_cache_max_mb: 1 << 20,
         metrics_addr: None,
         kube_qps: 50.0,
         kube_burst: 100,

@@ -432,7 +432,8 @@ pub fn keep_within(dir: &Path, named: &std::collections::HashSet<String>, max_by
         .filter_map(|e| {
             let e = e.ok()?;
             let name = e.file_name().into_string().ok()?;
-            let sha = name.strip_suffix(".cwasm")?.split('-').next()?.to_string();
+            // `SHA-ENGINE.cwasm`: the component's digest before the last `-`.
+            let sha = name.strip_suffix(".cwasm")?.rsplit_once('-')?.0.to_string();
             let meta = e.path().symlink_metadata().ok()?;
             meta.is_file().then(|| {
                 (
@@ -512,6 +513,49 @@ pub(super) fn write_artifact(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn over_its_bound_the_cache_drops_the_oldest_unnamed_artifacts_only() {
+        let dir = TempDir::new();
+        let d = dir.cache();
+        std::fs::create_dir_all(&d).unwrap();
+        let write = |sha: &str, age_s: u64| {
+            let p = d.join(format!("{sha}-engine.cwasm"));
+            std::fs::write(&p, vec![0u8; 1000]).unwrap();
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(age_s);
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        write("old-named", 400);
+        write("old", 300);
+        write("mid", 200);
+        write("new", 100);
+        std::fs::write(d.join(".tmp-writing"), vec![0u8; 1000]).unwrap();
+        let named: std::collections::HashSet<String> = ["old-named".to_string()].into();
+        // Within the bound: nothing goes.
+        assert_eq!(keep_within(&d, &named, 4000), 0);
+        // Over it: the oldest unnamed first, until within; the named one and a file being
+        // written stay.
+        assert_eq!(keep_within(&d, &named, 2500), 2);
+        let left: std::collections::BTreeSet<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(
+            left,
+            ["old-named-engine.cwasm", "new-engine.cwasm", ".tmp-writing"]
+                .into_iter()
+                .map(String::from)
+                .collect()
+        );
+        // Named artifacts are never removed, even over the bound.
+        assert_eq!(keep_within(&d, &named, 0), 1);
+        assert!(d.join("old-named-engine.cwasm").exists());
+    }
     use super::*;
     use std::io::Read;
     use std::os::unix::fs::{PermissionsExt, symlink};

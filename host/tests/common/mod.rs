@@ -105,7 +105,8 @@ pub fn test_config(plugins_dir: &Path) -> RunConfig {
         kubeconfig: None,
         plugins_dir: plugins_dir.to_path_buf(),
         compile_cache: Some(std::env::temp_dir().join("wcm-test-compile-cache")),
-        compile_cache_max_mb: 192,
+        // Shared by every test (many variants of the same plugins): never trimmed here.
+        compile_cache_max_mb: 1 << 20,
         metrics_addr: Some("127.0.0.1:0".parse().expect("static address")),
         kube_qps: 200.0,
         kube_burst: 400,
@@ -271,6 +272,29 @@ pub async fn reconciled_annotations(
             ))
         })
         .collect())
+}
+
+/// Creates ConfigMap `name` with `value` and waits until the well-behaved plugin has reconciled
+/// it (its `wcm.test/reconciled` annotation holds the value).
+pub async fn create_and_wait_reconciled(
+    cms: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: &str,
+    value: &str,
+) -> Result<()> {
+    cms.create(&PostParams::default(), &cm(name, &[("value", value)]))
+        .await?;
+    eventually(
+        &format!("ConfigMap {name} reconciled"),
+        Duration::from_secs(30),
+        || async {
+            Ok(reconciled_annotations(cms)
+                .await?
+                .get(name)
+                .is_some_and(|v| v == value)
+                .then_some(()))
+        },
+    )
+    .await
 }
 
 /// One file's state in the manager's plugins directory.
