@@ -57,6 +57,22 @@ pub fn rss_mib_of(pid: &str) -> f64 {
         / 1024.0
 }
 
+/// Stops a host process as a kubelet does: SIGTERM, then up to 30 s for it to drain and exit,
+/// then SIGKILL.
+pub fn terminate(child: &mut std::process::Child) {
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// A compiled plugin from `scripts/build-plugins`.
 pub fn artifact(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")

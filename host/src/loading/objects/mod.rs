@@ -79,6 +79,14 @@ pub struct Loadable {
     pub keys: Vec<String>,
 }
 
+impl Loadable {
+    /// Whether this is what `spec` names from `origin`: the same source, checked against the
+    /// same keys (settings aside).
+    fn is_of(&self, origin: &Origin, spec: &PluginSpec) -> bool {
+        self.source == origin.shown() && self.keys == spec.public_keys()
+    }
+}
+
 /// What this replica knows of one Plugin object.
 #[derive(Debug, Clone, Default)]
 pub struct ObjectState {
@@ -374,15 +382,10 @@ impl ObjectSource {
             state.attempts = 0;
             match &parsed {
                 Ok((origin, spec)) => {
-                    let keys = spec
-                        .verify
-                        .as_ref()
-                        .map(|v| v.public_keys.clone())
-                        .unwrap_or_default();
                     let same_bytes = state
                         .loadable
                         .as_ref()
-                        .is_some_and(|l| l.source == origin.shown() && l.keys == keys);
+                        .is_some_and(|l| l.is_of(origin, spec));
                     if same_bytes {
                         // Settings alone changed: the same component with new settings, no fetch.
                         if let Some(l) = state.loadable.as_mut() {
@@ -428,15 +431,10 @@ impl ObjectSource {
                     state.fetching = false;
                     return;
                 };
-                let keys = spec
-                    .verify
-                    .as_ref()
-                    .map(|v| v.public_keys.clone())
-                    .unwrap_or_default();
                 if state
                     .loadable
                     .as_ref()
-                    .is_some_and(|l| l.source == origin.shown() && l.keys == keys)
+                    .is_some_and(|l| l.is_of(&origin, &spec))
                 {
                     state.fetching = false;
                     return;
@@ -558,15 +556,11 @@ impl ObjectSource {
                             sha256: fetched.sha256,
                             settings_text,
                             source: origin.shown(),
-                            keys: spec
-                                .verify
-                                .as_ref()
-                                .map(|v| v.public_keys.clone())
-                                .unwrap_or_default(),
+                            keys: spec.public_keys().to_vec(),
                         });
                         state.cached = fetched.cached;
                         // The Plugin's own keys are the last set checked, when it names any.
-                        state.verified_by = spec_has_keys(&spec)
+                        state.verified_by = (!spec.public_keys().is_empty())
                             .then(|| fetched.signatures.last().map(|(_, _, by)| *by))
                             .flatten();
                         state.operator_verified = self.settings.required_keys.is_some();
@@ -676,12 +670,6 @@ impl ObjectSource {
             message: e,
         })
     }
-}
-
-fn spec_has_keys(spec: &PluginSpec) -> bool {
-    spec.verify
-        .as_ref()
-        .is_some_and(|v| !v.public_keys.is_empty())
 }
 
 fn backoff(attempts: u32) -> Duration {

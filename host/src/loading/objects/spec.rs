@@ -267,13 +267,19 @@ impl PluginSpec {
         Ok(origin)
     }
 
-    /// The operator's cosign public keys, if the Plugin asks for verification.
+    /// `verify.publicKeys` as written (none: no verification asked).
+    pub fn public_keys(&self) -> &[String] {
+        self.verify
+            .as_ref()
+            .map(|v| v.public_keys.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// The Plugin's cosign public keys, parsed, if it asks for verification.
     pub fn trusted_keys(&self) -> Result<Option<super::verify::TrustedKeys>, String> {
-        match &self.verify {
-            Some(v) if !v.public_keys.is_empty() => {
-                super::verify::TrustedKeys::parse(&v.public_keys).map(Some)
-            }
-            _ => Ok(None),
+        match self.public_keys() {
+            [] => Ok(None),
+            keys => super::verify::TrustedKeys::parse(keys).map(Some),
         }
     }
 
