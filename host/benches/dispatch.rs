@@ -100,6 +100,7 @@ fn main() {
         },
         object: Some(POD.to_string()),
         attempt: 0,
+        scheduled: None,
     };
 
     // Native baseline: what a Rust controller pays to turn the cached JSON into a typed Pod; and

@@ -118,6 +118,7 @@ fn main() {
         },
         object: None,
         attempt: 0,
+        scheduled: None,
     };
     let deployment = Request {
         object: Some(DEPLOYMENT.to_string()),

@@ -15,6 +15,7 @@ pub mod contract;
 pub mod engine;
 pub mod loading;
 pub mod metrics;
+pub mod plugin_metrics;
 mod safe_fs;
 pub mod sandbox;
 pub mod serving;

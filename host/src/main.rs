@@ -553,6 +553,10 @@ struct RunArgs {
     /// (NAME.toml: max_watch_streams).
     #[arg(long, env = "WCM_MAX_WATCH_STREAMS_PER_PLUGIN", default_value_t = 8)]
     max_watch_streams_per_plugin: u32,
+    /// Most series of one plugin's own metrics (contract 0.3), over all its metrics: an update
+    /// that would make one more is refused and counted (NAME.toml: max_metric_series).
+    #[arg(long, env = "WCM_PLUGIN_METRIC_SERIES", default_value_t = 1000)]
+    plugin_metric_series: u32,
     /// How often a waiting plugin (missing grant, kind not served yet, ...) is tried again, seconds.
     #[arg(long, env = "WCM_WAIT_RETRY_SECONDS", default_value_t = 5)]
     wait_retry_seconds: u64,
@@ -845,6 +849,7 @@ impl RunArgs {
                 http_qps: self.plugin_http_qps.max(0.0),
                 http_burst: self.plugin_http_burst.max(1),
                 min_requeue_after: Duration::from_millis(self.min_requeue_after_ms),
+                max_metric_series: self.plugin_metric_series,
             },
             max_workers_per_plugin: self.max_workers_per_plugin.max(1),
             wait_retry: Duration::from_secs(self.wait_retry_seconds.max(1)),

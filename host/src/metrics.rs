@@ -78,6 +78,8 @@ type CtrlHist = Family<Ctrl, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: std::sync::Mutex<Registry>,
+    /// The plugins' own metrics (contract 0.3), encoded at each scrape.
+    plugin_metrics: crate::plugin_metrics::PluginMetricsSet,
     queue_depth: Family<Name, Gauge>,
     unfinished_work: Family<Name, Gauge<f64, AtomicU64>>,
     longest_running: Family<Name, Gauge<f64, AtomicU64>>,
@@ -156,7 +158,9 @@ impl Metrics {
             leader: Family::default(),
             extra_labels: Mutex::default(),
             registry: std::sync::Mutex::new(Registry::default()),
+            plugin_metrics: Default::default(),
         };
+        r.register_collector(Box::new(m.plugin_metrics.clone()));
         r.register(
             "workqueue_depth",
             "Current depth of the work queue",
@@ -294,6 +298,11 @@ impl Metrics {
         );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = r;
         Arc::new(m)
+    }
+
+    /// Where running plugins' own metrics are exported.
+    pub fn plugin_metrics(&self) -> &crate::plugin_metrics::PluginMetricsSet {
+        &self.plugin_metrics
     }
 
     /// The text exposition format.
@@ -521,6 +530,7 @@ impl Metrics {
     /// Removes every series of `plugin` (it was removed): a dashboard no longer shows it, and the
     /// host's memory does not keep the series of every plugin that ever ran.
     pub fn forget_plugin(&self, plugin: &str) {
+        self.plugin_metrics.forget(plugin);
         let name = Name {
             name: plugin.to_string(),
         };

@@ -228,6 +228,7 @@ async fn calls_spinning_to_their_deadline_at_once_owe_about_a_tick_each_not_thei
         },
         object: None,
         attempt: 0,
+        scheduled: None,
     };
     // The largest debt while the calls run, sampled every millisecond.
     let most = Arc::new(Mutex::new(Duration::ZERO));

@@ -20,6 +20,7 @@ fn request() -> Request {
         },
         object: None,
         attempt: 0,
+        scheduled: None,
     }
 }
 

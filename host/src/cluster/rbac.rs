@@ -609,6 +609,9 @@ mod tests {
             outbound_hosts: vec![],
             config_keys: vec![],
             extensions: vec![],
+            schedules: vec![],
+            metrics: vec![],
+            propagate_trace_context: false,
         }
     }
 

@@ -206,6 +206,8 @@ pub struct BudgetSettings {
     pub http_burst: u32,
     /// The floor of `requeue-after` delays.
     pub min_requeue_after: std::time::Duration,
+    /// Series of the plugin's own metrics (contract 0.3), over all of them.
+    pub max_metric_series: u32,
 }
 
 impl Default for BudgetSettings {
@@ -221,6 +223,7 @@ impl Default for BudgetSettings {
             http_qps: 20.0,
             http_burst: 40,
             min_requeue_after: std::time::Duration::from_secs(1),
+            max_metric_series: crate::plugin_metrics::DEFAULT_MAX_SERIES as u32,
         }
     }
 }
@@ -311,6 +314,8 @@ pub struct Services {
     pub(crate) share: Option<PluginShare>,
     /// Set when this version is stopped or replaced: its calls waiting for an instance slot give up.
     retired: (std::sync::atomic::AtomicBool, tokio::sync::Notify),
+    /// The metrics this version declared (contract 0.3), if any.
+    pub(crate) plugin_metrics: Option<Arc<crate::plugin_metrics::PluginMetrics>>,
 }
 
 impl Services {
@@ -329,6 +334,7 @@ impl Services {
             recorder: None,
             share: None,
             retired: Default::default(),
+            plugin_metrics: None,
         }
     }
 
@@ -359,6 +365,7 @@ impl Services {
             recorder: None,
             share: None,
             retired: Default::default(),
+            plugin_metrics: None,
         }
     }
 
@@ -402,6 +409,25 @@ impl Services {
 
     pub fn plugin_name(&self) -> &str {
         &self.plugin
+    }
+
+    /// With the plugin's declared metrics, updated by its `metrics` host calls.
+    pub fn with_plugin_metrics(
+        mut self,
+        metrics: Option<Arc<crate::plugin_metrics::PluginMetrics>>,
+    ) -> Self {
+        self.plugin_metrics = metrics;
+        self
+    }
+
+    /// Whether a kind is namespaced, as discovery says; none when unknown (or in a replay).
+    pub(crate) async fn namespaced(&self, kind: &crate::contract::KindRef) -> Option<bool> {
+        let reach = self.reach.as_ref()?;
+        reach.api.resolve(kind).await.ok().map(|r| r.namespaced)
+    }
+
+    pub fn plugin_metrics(&self) -> Option<&Arc<crate::plugin_metrics::PluginMetrics>> {
+        self.plugin_metrics.as_ref()
     }
 
     pub fn metrics(&self) -> Option<&Arc<Metrics>> {

@@ -7,6 +7,7 @@
 
 mod bindings;
 pub mod change_filter;
+pub mod declared;
 pub mod isolation;
 pub mod mapping;
 pub mod validate;
@@ -16,11 +17,11 @@ pub use bindings::wcm::reconciler::client::{
 };
 pub use bindings::wcm::reconciler::events::EventType;
 pub use bindings::{
-    Action, ApiError, Description, KindRef, Mapping, ObjectKey, Permission, ReconcileError,
-    Request, Secondary, Watch,
+    Action, ApiError, Child, Description, KindRef, Mapping, Metric, MetricKind, ObjectKey,
+    Outcome, Permission, ReconcileError, Request, Schedule, Secondary, Watch,
 };
 // Only the sandbox implements and calls the generated interfaces.
-pub(crate) use bindings::{Plugin, PluginPre, v0_1, wcm};
+pub(crate) use bindings::{Plugin, PluginPre, v0_1, v0_2, wcm};
 
 /// group/version/kind as a comparable key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -116,5 +117,8 @@ pub(crate) fn test_description(
         extensions: value
             .map(|v| vec![(extension.to_string(), v.to_string())])
             .unwrap_or_default(),
+        schedules: vec![],
+        metrics: vec![],
+        propagate_trace_context: false,
     }
 }

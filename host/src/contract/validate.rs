@@ -306,6 +306,8 @@ pub fn description(d: &super::Description) -> Result<(), String> {
             return Err(format!("plugin {name}: extension {} is not JSON", shown(k)));
         }
     }
+    super::declared::metrics(&d.metrics).map_err(|e| format!("plugin {name}: {e}"))?;
+    super::declared::schedules(&d.schedules).map_err(|e| format!("plugin {name}: {e}"))?;
     super::change_filter::filters(d).map_err(|e| format!("plugin {name}: {e}"))?;
     super::mapping::mappings(d).map_err(|e| format!("plugin {name}: {e}"))?;
     super::isolation::declared(d).map_err(|e| format!("plugin {name}: {e}"))?;

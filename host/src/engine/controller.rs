@@ -659,6 +659,7 @@ impl Worker {
             },
             object: object.as_ref().map(|o| o.json.to_string()),
             attempt: self.queue.num_requeues(key),
+            scheduled: None,
         };
         // Holding the read lock for the call lets a version swap wait for in-flight calls.
         let guard = self.version.read().await;

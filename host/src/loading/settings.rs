@@ -53,6 +53,8 @@ pub struct PluginSettings {
     /// Distinct list+watch streams this plugin may need (default:
     /// --max-watch-streams-per-plugin); the operator's choice, up or down.
     pub max_watch_streams: Option<u32>,
+    /// Series of the plugin's own metrics (default: --plugin-metric-series).
+    pub max_metric_series: Option<u32>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -123,6 +125,7 @@ impl PluginSettings {
             max_instances: self.max_instances.unwrap_or(defaults.max_instances),
             cpu_share: self.cpu_share.unwrap_or(defaults.cpu_share),
             max_watch_streams: self.max_watch_streams.unwrap_or(defaults.max_watch_streams),
+            max_metric_series: self.max_metric_series.unwrap_or(defaults.max_metric_series),
             http_qps: self.http_qps.unwrap_or(defaults.http_qps),
             http_burst: self.http_burst.unwrap_or(defaults.http_burst),
             min_requeue_after: self

@@ -6,7 +6,8 @@ use crate::cluster::api::{ApiFailure, ApiRequest, CallOptions, PatchKind, Verb};
 use crate::cluster::events::PluginEvent;
 use crate::cluster::services::store_key;
 use crate::contract::validate;
-use crate::contract::wcm::reconciler::{cache, client, config, events, log, types};
+use crate::contract::wcm::reconciler::{cache, client, config, events, log, metrics, types};
+use crate::plugin_metrics::Update;
 use crate::contract::{ApiError, KindKey, KindRef, ObjectKey};
 use crate::selector::Selector;
 use serde_json::{Value, json};
@@ -642,5 +643,69 @@ impl config::Host for CallCtx {
             None => Value::Null,
         });
         Ok(out)
+    }
+}
+
+impl CallCtx {
+    /// A metric update: checked against the plugin's declarations and series budget
+    /// (`plugin_metrics.rs`), recorded, and in a replay answered from the recording.
+    fn metric(
+        &mut self,
+        update: Update,
+        what: &str,
+        name: String,
+        labels: Vec<String>,
+        value: f64,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let size = name.len() + labels.iter().map(String::len).sum::<usize>();
+        self.admit(what, [size])?;
+        let args = json!({"name": name, "labels": labels, "value": value});
+        if let Some(answer) = self.replayed(what, &args) {
+            return Ok(match answer.get("refused").and_then(Value::as_str) {
+                Some(why) => Err(why.to_string()),
+                None => Ok(()),
+            });
+        }
+        let out = match self.services.plugin_metrics() {
+            Some(m) => m.update(update, &name, &labels, value),
+            None => Err(format!(
+                "metric {} is not declared (the plugin declares no metrics)",
+                validate::shown(&name)
+            )),
+        };
+        self.taped(what, args, || match &out {
+            Ok(()) => json!({}),
+            Err(why) => json!({"refused": why}),
+        });
+        Ok(out)
+    }
+}
+
+impl metrics::Host for CallCtx {
+    async fn add(
+        &mut self,
+        name: String,
+        labels: Vec<String>,
+        value: f64,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.metric(Update::Add, "metrics.add", name, labels, value)
+    }
+
+    async fn set(
+        &mut self,
+        name: String,
+        labels: Vec<String>,
+        value: f64,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.metric(Update::Set, "metrics.set", name, labels, value)
+    }
+
+    async fn observe(
+        &mut self,
+        name: String,
+        labels: Vec<String>,
+        value: f64,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.metric(Update::Observe, "metrics.observe", name, labels, value)
     }
 }

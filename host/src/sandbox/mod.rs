@@ -11,8 +11,10 @@ mod compile_worker;
 pub mod compiler;
 pub mod dns;
 mod guest_clock;
+mod children;
 mod host_calls;
 mod host_calls_v0_1;
+mod host_calls_v0_2;
 pub mod http;
 pub mod pool;
 pub mod recorder;
@@ -244,6 +246,8 @@ impl Runtime {
         // Every contract version served: a plugin imports the interfaces of the one it was built for.
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("link host functions: {e:#}"))?;
+        bindings::v0_2::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| anyhow::anyhow!("link host functions of 0.2.0: {e:#}"))?;
         bindings::v0_1::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("link host functions of 0.1.0: {e:#}"))?;
 
@@ -333,7 +337,7 @@ impl Runtime {
             );
         }
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.2.0 or @0.1.0): {e:#}")
+            anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.3.0, @0.2.0 or @0.1.0): {e:#}")
         })?;
         let pre = versions::PluginPre::new(pre)?;
         Ok(Compiled {
@@ -389,7 +393,10 @@ impl Runtime {
                 tape,
                 async |plugin, store| {
                     store.data_mut().set_key(&req.key);
-                    plugin.reconcile(store, req).await
+                    match plugin.reconcile(store, req).await? {
+                        Ok(outcome) => store.data_mut().settle_children(req, outcome).await,
+                        Err(e) => Ok(Err(e)),
+                    }
                 },
             )
             .await;
@@ -419,7 +426,10 @@ impl Runtime {
                 Some(Tapes::replaying(recording)),
                 async |plugin, store| {
                     store.data_mut().set_key(&req.key);
-                    plugin.reconcile(store, &req).await
+                    match plugin.reconcile(store, &req).await? {
+                        Ok(outcome) => store.data_mut().settle_children(&req, outcome).await,
+                        Err(e) => Ok(Err(e)),
+                    }
                 },
             )
             .await;
@@ -650,10 +660,12 @@ impl Runtime {
         let result = tokio::time::timeout(
             wall,
             clock.meter(async {
-                warm.plugin
-                    .reconcile(&mut warm.store, req)
-                    .await
-                    .map_err(|e| classify(e, limits))
+                let settled = match warm.plugin.reconcile(&mut warm.store, req).await {
+                    Ok(Ok(outcome)) => warm.store.data_mut().settle_children(req, outcome).await,
+                    Ok(Err(e)) => Ok(Err(e)),
+                    Err(e) => Err(e),
+                };
+                settled.map_err(|e| classify(e, limits))
             }),
         )
         .await
@@ -812,6 +824,7 @@ fn save_recording(
             name: req.key.name.clone(),
             object,
             attempt: req.attempt,
+            scheduled: req.scheduled.clone(),
         },
         calls,
         http,

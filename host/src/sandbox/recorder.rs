@@ -183,6 +183,7 @@ mod tests {
                     name: format!("o{i}"),
                     object: None,
                     attempt: 0,
+                    scheduled: None,
                 },
                 calls: vec![],
                 http: vec![],

@@ -59,6 +59,9 @@ pub struct RecordedRequest {
     pub name: String,
     pub object: Option<String>,
     pub attempt: u32,
+    /// The schedule whose tick enqueued the key (contract 0.3); absent in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled: Option<String>,
 }
 
 impl RecordedRequest {
@@ -70,6 +73,7 @@ impl RecordedRequest {
             },
             object: self.object.clone(),
             attempt: self.attempt,
+            scheduled: self.scheduled.clone(),
         }
     }
 }
@@ -586,6 +590,7 @@ mod tests {
                 name: "k".into(),
                 object: Some(object.into()),
                 attempt: 0,
+                scheduled: None,
             },
             calls,
             http,

@@ -401,6 +401,13 @@ impl Ceilings {
                 b.max_watch_streams.to_string(),
             );
         }
+        if s.max_metric_series.is_some_and(|v| v > b.max_metric_series) {
+            return over(
+                "max_metric_series",
+                "--plugin-metric-series",
+                b.max_metric_series.to_string(),
+            );
+        }
         if s.min_requeue_after_ms
             .is_some_and(|ms| u128::from(ms) < b.min_requeue_after.as_millis())
         {

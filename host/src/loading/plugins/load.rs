@@ -326,6 +326,14 @@ impl PluginManager {
         let gate = self.parts.election.gate(&name);
         self.events
             .register(&name, identity.client().clone(), gate.tenure.clone());
+        // The plugin's own metrics, exported from here on (a new version's replace the old ones').
+        let plugin_metrics = (!description.metrics.is_empty()).then(|| {
+            Arc::new(crate::plugin_metrics::PluginMetrics::new(
+                &name,
+                &description.metrics,
+                budgets.max_metric_series as usize,
+            ))
+        });
         let services = Arc::new(
             Services::new(
                 &name,
@@ -345,8 +353,12 @@ impl PluginManager {
                 protected_ips,
             )
             .with_recorder(self.settings.recorder.clone())
-            .with_share(share),
+            .with_share(share)
+            .with_plugin_metrics(plugin_metrics.clone()),
         );
+        if let Some(m) = &plugin_metrics {
+            self.parts.metrics.plugin_metrics().insert(&name, m.clone());
+        }
         let sha = compiled.sha256.clone();
         let contract = compiled.contract_version();
         // The operator's choice, else the plugin's own (validated at load), else per call.
