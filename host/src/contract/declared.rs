@@ -6,15 +6,9 @@ use std::collections::HashSet;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
-use super::validate::{self, Invalid, shown};
-use super::{Metric, MetricKind, Schedule};
+use super::validate::{self, shown};
+use super::{Metric, Schedule};
 
-/// Metrics a plugin may declare.
-pub const MAX_METRICS: usize = 32;
-/// Label names per metric.
-pub const MAX_LABELS: usize = 8;
-/// Bucket bounds per histogram.
-pub const MAX_BUCKETS: usize = 32;
 /// Schedules a plugin may declare.
 pub const MAX_SCHEDULES: usize = 8;
 /// The most a tick may be delayed at random, seconds.
@@ -22,82 +16,10 @@ pub const MAX_JITTER_SECONDS: u32 = 3600;
 /// The oldest missed tick that may still run after downtime, seconds.
 pub const MAX_CATCH_UP_SECONDS: u32 = 86_400;
 
-/// A metric or label name: 1–64 of `[a-z0-9_]`, starting with a letter.
-fn metric_word(what: &'static str, s: &str) -> Result<(), Invalid> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s.starts_with(|c: char| c.is_ascii_lowercase())
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            what,
-            s,
-            "must be 1-64 lowercase letters, digits and '_', starting with a letter",
-        ))
-    }
-}
-
-/// Checks a plugin's metric declarations.
+/// Checks a plugin's metric declarations (the shared rules, `wcm_rules::metrics`).
 pub fn metrics(metrics: &[Metric]) -> Result<(), String> {
-    if metrics.len() > MAX_METRICS {
-        return Err(format!(
-            "declares {} metrics; at most {MAX_METRICS}",
-            metrics.len()
-        ));
-    }
-    let mut seen = HashSet::new();
-    for m in metrics {
-        metric_word("metric name", &m.name).map_err(|e| e.to_string())?;
-        let named = shown(&m.name);
-        if m.kind == MetricKind::Counter && m.name.ends_with("_total") {
-            return Err(format!(
-                "counter {named}: the host adds `_total`; declare the name without it"
-            ));
-        }
-        if !seen.insert(m.name.as_str()) {
-            return Err(format!("metric {named} declared twice"));
-        }
-        if m.help.len() > 200 || m.help.chars().any(char::is_control) {
-            return Err(format!(
-                "metric {named}: help must be one line of at most 200 characters"
-            ));
-        }
-        if m.labels.len() > MAX_LABELS {
-            return Err(format!(
-                "metric {named}: {} labels; at most {MAX_LABELS}",
-                m.labels.len()
-            ));
-        }
-        let mut names = HashSet::new();
-        for l in &m.labels {
-            metric_word("label name", l).map_err(|e| e.to_string())?;
-            if l == "plugin" || l == "le" || !names.insert(l.as_str()) {
-                return Err(format!(
-                    "metric {named}: label {} is reserved or repeated",
-                    shown(l)
-                ));
-            }
-        }
-        if m.kind != MetricKind::Histogram && !m.buckets.is_empty() {
-            return Err(format!("metric {named}: only a histogram has buckets"));
-        }
-        if m.buckets.len() > MAX_BUCKETS {
-            return Err(format!(
-                "metric {named}: {} buckets; at most {MAX_BUCKETS}",
-                m.buckets.len()
-            ));
-        }
-        if m.buckets.iter().any(|b| !b.is_finite()) || m.buckets.windows(2).any(|w| w[0] >= w[1])
-        {
-            return Err(format!(
-                "metric {named}: buckets must be finite and increasing"
-            ));
-        }
-    }
-    Ok(())
+    let decls: Vec<_> = metrics.iter().map(crate::plugin_metrics::decl).collect();
+    wcm_rules::metrics::declarations(&decls)
 }
 
 /// A schedule's cron fields: five (minute hour day-of-month month day-of-week) or a shorthand;
@@ -165,48 +87,6 @@ pub fn schedules(schedules: &[Schedule]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn decl(name: &str, kind: MetricKind, labels: &[&str]) -> Metric {
-        Metric {
-            name: name.into(),
-            help: "help".into(),
-            kind,
-            labels: labels.iter().map(|s| s.to_string()).collect(),
-            buckets: vec![],
-        }
-    }
-
-    #[test]
-    fn metric_declarations_are_refused_with_a_reason() {
-        let ok = [decl("reconciles", MetricKind::Counter, &["result"])];
-        assert!(metrics(&ok).is_ok());
-        for bad in [
-            decl("Bad", MetricKind::Gauge, &[]),
-            decl("x_total", MetricKind::Counter, &[]),
-            decl("x", MetricKind::Gauge, &["le"]),
-            decl("x", MetricKind::Gauge, &["a", "a"]),
-            decl("x", MetricKind::Gauge, &["a\nb"]),
-            Metric {
-                buckets: vec![1.0],
-                ..decl("g", MetricKind::Gauge, &[])
-            },
-            Metric {
-                buckets: vec![2.0, 1.0],
-                ..decl("h", MetricKind::Histogram, &[])
-            },
-            Metric {
-                help: "two\nlines".into(),
-                ..decl("h", MetricKind::Histogram, &[])
-            },
-        ] {
-            assert!(metrics(std::slice::from_ref(&bad)).is_err(), "{bad:?} passed");
-        }
-        let twice = [
-            decl("a", MetricKind::Gauge, &[]),
-            decl("a", MetricKind::Counter, &[]),
-        ];
-        assert!(metrics(&twice).is_err());
-    }
-
     fn schedule(name: &str, cron: &str, tz: Option<&str>) -> Schedule {
         Schedule {
             name: name.into(),
@@ -242,8 +122,13 @@ mod tests {
                 ..schedule("x", "* * * * *", None)
             },
         ] {
-            assert!(schedules(std::slice::from_ref(&bad)).is_err(), "{bad:?} passed");
+            assert!(
+                schedules(std::slice::from_ref(&bad)).is_err(),
+                "{bad:?} passed"
+            );
         }
-        assert!(schedules(&[schedule("a", "@daily", None), schedule("a", "@daily", None)]).is_err());
+        assert!(
+            schedules(&[schedule("a", "@daily", None), schedule("a", "@daily", None)]).is_err()
+        );
     }
 }

@@ -17,8 +17,8 @@ pub use bindings::wcm::reconciler::client::{
 };
 pub use bindings::wcm::reconciler::events::EventType;
 pub use bindings::{
-    Action, ApiError, Child, Description, KindRef, Mapping, Metric, MetricKind, ObjectKey,
-    Outcome, Permission, ReconcileError, Request, Schedule, Secondary, Watch,
+    Action, ApiError, Child, Description, KindRef, Mapping, Metric, MetricKind, ObjectKey, Outcome,
+    Permission, ReconcileError, Request, Schedule, Secondary, Watch,
 };
 // Only the sandbox implements and calls the generated interfaces.
 pub(crate) use bindings::{Plugin, PluginPre, v0_1, v0_2, wcm};

@@ -7,8 +7,8 @@ use crate::cluster::events::PluginEvent;
 use crate::cluster::services::store_key;
 use crate::contract::validate;
 use crate::contract::wcm::reconciler::{cache, client, config, events, log, metrics, types};
-use crate::plugin_metrics::Update;
 use crate::contract::{ApiError, KindKey, KindRef, ObjectKey};
+use crate::plugin_metrics::Update;
 use crate::selector::Selector;
 use serde_json::{Value, json};
 

@@ -79,8 +79,7 @@ impl old::client::Host for CallCtx {
         options: old::client::PatchOptions,
     ) -> OldResult<String> {
         answer(
-            client::Host::patch_status(self, via(k)?, via(o)?, via(p)?, body, via(options)?)
-                .await,
+            client::Host::patch_status(self, via(k)?, via(o)?, via(p)?, body, via(options)?).await,
         )
     }
 
@@ -134,7 +133,15 @@ impl old::events::Host for CallCtx {
         action: String,
         note: String,
     ) -> wasmtime::Result<()> {
-        events::Host::record(self, via(regarding)?, via(event_type)?, reason, action, note).await
+        events::Host::record(
+            self,
+            via(regarding)?,
+            via(event_type)?,
+            reason,
+            action,
+            note,
+        )
+        .await
     }
 }
 

@@ -6,12 +6,12 @@
 //! and a trap never poisons later calls. Its cost is measured in docs/benchmarks.md.
 
 mod call_ctx;
+mod children;
 mod compile_cache;
 mod compile_worker;
 pub mod compiler;
 pub mod dns;
 mod guest_clock;
-mod children;
 mod host_calls;
 mod host_calls_v0_1;
 mod host_calls_v0_2;
@@ -337,7 +337,9 @@ impl Runtime {
             );
         }
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            anyhow::anyhow!("not a plugin of world wcm:reconciler/plugin (@0.3.0, @0.2.0 or @0.1.0): {e:#}")
+            anyhow::anyhow!(
+                "not a plugin of world wcm:reconciler/plugin (@0.3.0, @0.2.0 or @0.1.0): {e:#}"
+            )
         })?;
         let pre = versions::PluginPre::new(pre)?;
         Ok(Compiled {
