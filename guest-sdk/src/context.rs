@@ -13,6 +13,7 @@ use crate::api::Api;
 use crate::cache::Cache;
 use crate::host::Host;
 use crate::http::Http;
+use crate::metrics::Metrics;
 use crate::reconcile::Error;
 use crate::types::{EventType, Level, ObjectRef};
 
@@ -149,6 +150,14 @@ impl Context {
     /// [`Description::outbound_host`](crate::Description::outbound_host) and the operator allows.
     pub fn http(&self) -> Http {
         Http::new(self.host.clone())
+    }
+
+    /// The plugin's own metrics, as declared with
+    /// [`Description::metric`](crate::Description::metric).
+    pub fn metrics(&self) -> Metrics<'_> {
+        Metrics {
+            host: self.host.as_ref(),
+        }
     }
 
     /// The plugin's logger (lines go to the host's log, tagged with the plugin's name). The

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::metrics::Metric;
+use crate::schedule::Schedule;
 use crate::types::{KindRef, ObjectKey};
 use kube_core::{ApiResource, Resource};
 
@@ -46,6 +48,15 @@ pub struct Description {
     pub config_keys: Vec<String>,
     /// Forward-compatible declarations: key → JSON text.
     pub extensions: Vec<(String, String)>,
+    /// Cron schedules (contract 0.3): each tick enqueues a key on the leading replica.
+    pub schedules: Vec<Schedule>,
+    /// The plugin's own metrics (contract 0.3), updated through [`Context::metrics`].
+    ///
+    /// [`Context::metrics`]: crate::Context::metrics
+    pub metrics: Vec<Metric>,
+    /// Outbound HTTP carries the W3C trace context of the reconcile's trace (`traceparent`)
+    /// when the host traces.
+    pub propagate_trace_context: bool,
 }
 
 impl Description {
@@ -95,6 +106,9 @@ impl Description {
             outbound_hosts: Vec::new(),
             config_keys: Vec::new(),
             extensions: Vec::new(),
+            schedules: Vec::new(),
+            metrics: Vec::new(),
+            propagate_trace_context: false,
         }
     }
 
@@ -151,6 +165,35 @@ impl Description {
     pub fn extension(mut self, key: &str, value: Value) -> Self {
         self.extensions.push((key.to_string(), value.to_string()));
         self
+    }
+
+    /// Declares a cron schedule (contract 0.3).
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// Declares a metric of the plugin's own (contract 0.3).
+    pub fn metric(mut self, metric: Metric) -> Self {
+        self.metrics.push(metric);
+        self
+    }
+
+    /// Sends the W3C trace context of the reconcile's trace with outbound HTTP requests.
+    pub fn propagate_trace_context(mut self) -> Self {
+        self.propagate_trace_context = true;
+        self
+    }
+
+    /// Declares children of kind `K` (returned with [`Action::with_children`]): a secondary watch
+    /// of `K` mapped to its controller owner (a child's change wakes its primary), and the calls
+    /// the host makes for them as the plugin: `get`, `list`, `patch`, `delete` on `K`'s resource.
+    /// Declare `patch` on the primary's resource too: the host records the ApplySet there.
+    ///
+    /// [`Action::with_children`]: crate::Action::with_children
+    pub fn owns<K: Resource<DynamicType = ()>>(self) -> Self {
+        self.secondary(Watch::of::<K>(), Mapping::ControllerOwner)
+            .permission(Permission::of::<K>(&["get", "list", "patch", "delete"]))
     }
 
     /// Checks what the host checks at load time, so a unit test can catch it: the name is a DNS
@@ -216,6 +259,9 @@ impl Description {
             serde_json::from_str::<Value>(value)
                 .map_err(|e| format!("extension {key:?} is not JSON: {e}"))?;
         }
+        let metrics: Vec<_> = self.metrics.iter().map(Metric::decl).collect();
+        wcm_rules::metrics::declarations(&metrics)?;
+        Schedule::check(&self.schedules)?;
         Ok(())
     }
 }

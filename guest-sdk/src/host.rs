@@ -2,6 +2,7 @@
 //! component imports, tests with [`MockHost`](crate::testing::MockHost).
 
 use crate::http::{HttpError, HttpErrorKind, HttpRequest, HttpResponse};
+use crate::metrics::Update;
 use crate::params::{DeleteParams, ListParams, PatchParams};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
@@ -88,6 +89,19 @@ pub trait Host {
     fn config(&self, key: &str) -> Option<String>;
     /// A secret value referenced in the plugin's `NAME.toml`, resolved by the host.
     fn secret(&self, key: &str) -> Option<String>;
+
+    /// Updates one of the plugin's declared metrics (contract 0.3); the reason when refused.
+    /// A host that keeps no metrics refuses every update.
+    fn metric(
+        &self,
+        update: Update,
+        name: &str,
+        labels: &[&str],
+        value: f64,
+    ) -> Result<(), String> {
+        let _ = (update, labels, value);
+        Err(format!("this host keeps no metrics (metric {name:?})"))
+    }
 
     /// Whether requests are sent over the component's own `wasi:http` imports (the real host)
     /// instead of through [`Host::http`]. Keeping that path out of the trait's vtable keeps

@@ -84,6 +84,7 @@
 
 mod api;
 mod cache;
+mod children;
 pub mod conditions;
 mod context;
 mod describe;
@@ -91,9 +92,11 @@ mod finalizer;
 mod host;
 pub mod http;
 pub mod logging;
+pub mod metrics;
 mod params;
 mod reconcile;
 mod resource;
+mod schedule;
 pub mod testing;
 mod typed;
 mod types;
@@ -104,12 +107,15 @@ mod wasm_http;
 
 pub use api::{Api, ObjectList, Patch};
 pub use cache::Cache;
+pub use children::{Child, Children};
 pub use context::{Context, EventBuilder, Logger, Recorder};
 pub use describe::{Changes, Description, Mapping, Permission, Secondary, Watch};
 pub use finalizer::{FinalizerEvent, finalizer};
 pub use host::Host;
+pub use metrics::{Metric, MetricKind};
 pub use params::{DeleteParams, ListParams, PatchParams, Propagation};
 pub use reconcile::{Action, Error, Reconciler, Request};
+pub use schedule::Schedule;
 pub use typed::{Controller, Typed};
 pub use types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
 
@@ -129,10 +135,10 @@ pub use serde_json;
 /// The usual imports: `use wcm_sdk::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Action, Api, ApiError, ApiResource, Context, Description, DynamicObject, Error, EventType,
-        FinalizerEvent, GroupVersionKind, KindRef, Mapping, ObjectKey, ObjectRef,
-        PartialObjectMeta, Patch, Permission, Reconciler, Request, Resource, ResourceExt, Watch,
-        finalizer,
+        Action, Api, ApiError, ApiResource, Children, Context, Description, DynamicObject, Error,
+        EventType, FinalizerEvent, GroupVersionKind, KindRef, Mapping, Metric, ObjectKey,
+        ObjectRef, PartialObjectMeta, Patch, Permission, Reconciler, Request, Resource,
+        ResourceExt, Schedule, Watch, finalizer,
     };
 }
 

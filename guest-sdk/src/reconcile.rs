@@ -8,6 +8,7 @@ use crate::describe::Description;
 use kube_core::{ApiResource, Resource};
 use serde::de::DeserializeOwned;
 
+use crate::children::{Child, Children};
 use crate::resource::decode;
 use crate::types::{ApiError, ObjectKey};
 
@@ -44,6 +45,9 @@ pub struct Request {
     pub object: Option<String>,
     /// Failed attempts in a row for this key before this one (0 on a first try).
     pub attempt: u32,
+    /// The schedule whose tick enqueued this key, when a tick did and no change came since
+    /// (contract 0.3; see [`Schedule`](crate::Schedule)).
+    pub scheduled: Option<String>,
 }
 
 impl Request {
@@ -53,7 +57,14 @@ impl Request {
             key,
             object,
             attempt: 0,
+            scheduled: None,
         }
+    }
+
+    /// The same request as if the tick of schedule `name` had enqueued it (for tests).
+    pub fn scheduled_by(mut self, name: &str) -> Self {
+        self.scheduled = Some(name.into());
+        self
     }
 
     /// The object's name.
@@ -108,9 +119,10 @@ impl Request {
 }
 
 /// What to do after a successful reconcile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Action {
     requeue_after: Option<Duration>,
+    children: Option<Vec<Child>>,
 }
 
 impl Action {
@@ -118,6 +130,7 @@ impl Action {
     pub fn done() -> Self {
         Action {
             requeue_after: None,
+            children: None,
         }
     }
 
@@ -126,6 +139,7 @@ impl Action {
     pub fn requeue(after: Duration) -> Self {
         Action {
             requeue_after: Some(after),
+            children: None,
         }
     }
 
@@ -135,12 +149,31 @@ impl Action {
     pub fn requeue_now() -> Self {
         Action {
             requeue_after: Some(Duration::ZERO),
+            children: None,
         }
     }
 
     /// The requeue delay, if any (zero: [`Action::requeue_now`]).
     pub fn requeue_after(&self) -> Option<Duration> {
         self.requeue_after
+    }
+
+    /// With the full set of children wanted for the primary (contract 0.3): the host applies
+    /// them and deletes the ones it applied earlier that are not in the set (see
+    /// [`Children`]). Without it, children are left alone.
+    pub fn with_children(mut self, children: Children) -> Self {
+        self.children = Some(children.into_vec());
+        self
+    }
+
+    /// The children returned, if the action carries a set.
+    pub fn children(&self) -> Option<&[Child]> {
+        self.children.as_deref()
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    pub(crate) fn take_children(&mut self) -> Option<Vec<Child>> {
+        self.children.take()
     }
 }
 

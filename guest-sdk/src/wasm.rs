@@ -2,9 +2,10 @@
 //! [`export_plugin!`](crate::export_plugin) instantiates for a [`Reconciler`].
 
 use crate::bindings::exports::wcm::reconciler::reconciler as export;
-use crate::bindings::wcm::reconciler::{cache, client, config, events, log, types as wit};
+use crate::bindings::wcm::reconciler::{cache, client, config, events, log, metrics, types as wit};
 use crate::describe::{Description, Mapping, Watch};
 use crate::host::Host;
+use crate::metrics::{MetricKind, Update};
 use crate::params::{DeleteParams, ListParams, PatchParams, Propagation};
 use crate::reconcile::{Action, Error, Reconciler, Request};
 use crate::types::{ApiError, EventType, KindRef, Level, ObjectKey, ObjectRef, PatchType};
@@ -203,6 +204,21 @@ impl Host for WasmHost {
         config::secret(k)
     }
 
+    fn metric(
+        &self,
+        update: Update,
+        name: &str,
+        labels: &[&str],
+        value: f64,
+    ) -> Result<(), String> {
+        let labels: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        match update {
+            Update::Add => metrics::add(name, &labels, value),
+            Update::Set => metrics::set(name, &labels, value),
+            Update::Observe => metrics::observe(name, &labels, value),
+        }
+    }
+
     fn sends_over_wasi_http(&self) -> bool {
         true
     }
@@ -278,16 +294,55 @@ fn description(d: Description) -> wit::Description {
         outbound_hosts: d.outbound_hosts,
         config_keys: d.config_keys,
         extensions,
+        schedules: d
+            .schedules
+            .into_iter()
+            .map(|s| wit::Schedule {
+                name: s.name,
+                cron: s.cron,
+                time_zone: s.time_zone,
+                key: s.key.as_ref().map(key),
+                jitter_seconds: s.jitter_seconds,
+                catch_up_seconds: s.catch_up_seconds,
+            })
+            .collect(),
+        metrics: d
+            .metrics
+            .into_iter()
+            .map(|m| wit::Metric {
+                name: m.name,
+                help: m.help,
+                kind: match m.kind {
+                    MetricKind::Counter => wit::MetricKind::Counter,
+                    MetricKind::Gauge => wit::MetricKind::Gauge,
+                    MetricKind::Histogram => wit::MetricKind::Histogram,
+                },
+                labels: m.labels,
+                buckets: m.buckets,
+            })
+            .collect(),
+        propagate_trace_context: d.propagate_trace_context,
     }
 }
 
-fn action(a: Action) -> wit::Action {
-    match a.requeue_after() {
+fn outcome(mut a: Action) -> wit::Outcome {
+    let children = a.take_children().map(|children| {
+        children
+            .into_iter()
+            .map(|c| wit::Child {
+                kind: kind(&c.kind),
+                object: c.object,
+                force: c.force,
+            })
+            .collect()
+    });
+    let action = match a.requeue_after() {
         None => wit::Action::Done,
         Some(after) => {
             wit::Action::RequeueAfter(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
         }
-    }
+    };
+    wit::Outcome { action, children }
 }
 
 fn reconcile_error(e: Error) -> wit::ReconcileError {
@@ -305,7 +360,7 @@ impl<R: Reconciler> export::Guest for Component<R> {
         description(R::describe())
     }
 
-    fn reconcile(req: wit::Request) -> Result<wit::Action, wit::ReconcileError> {
+    fn reconcile(req: wit::Request) -> Result<wit::Outcome, wit::ReconcileError> {
         let mut ctx = Context::new(WasmHost);
         if let Err(e) = R::setup(&mut ctx) {
             return Err(reconcile_error(e));
@@ -317,8 +372,11 @@ impl<R: Reconciler> export::Guest for Component<R> {
             },
             object: req.object,
             attempt: req.attempt,
+            scheduled: req.scheduled,
         };
         let _log = crate::logging::enter(ctx.host_rc());
-        R::reconcile(&ctx, req).map(action).map_err(reconcile_error)
+        R::reconcile(&ctx, req)
+            .map(outcome)
+            .map_err(reconcile_error)
     }
 }

@@ -80,7 +80,9 @@ pub fn declarations(schedules: &[Decl]) -> Result<(), String> {
         if let Some((ns, name)) = &s.key {
             let ok = names::object_name(name) && ns.as_deref().is_none_or(names::dns_label);
             if !ok {
-                return Err(format!("schedule {named}: its key is not a valid object key"));
+                return Err(format!(
+                    "schedule {named}: its key is not a valid object key"
+                ));
             }
         }
         if s.jitter_seconds > MAX_JITTER_SECONDS {
@@ -195,7 +197,10 @@ mod tests {
                 ..decl("x", "* * * * *", None)
             },
         ] {
-            assert!(declarations(std::slice::from_ref(&bad)).is_err(), "{bad:?} passed");
+            assert!(
+                declarations(std::slice::from_ref(&bad)).is_err(),
+                "{bad:?} passed"
+            );
         }
         assert!(declarations(&[decl("a", "@daily", None), decl("a", "@daily", None)]).is_err());
     }
@@ -230,11 +235,17 @@ mod tests {
         let now = ts("2026-01-01T01:05:00Z");
         // Down since 00:12: missed 00:20 … 01:00; the latest, 01:00, is 5 min old.
         let last = Some(ts("2026-01-01T00:10:00Z"));
-        assert_eq!(catch_up(&t, last, now, 600), Some(ts("2026-01-01T01:00:00Z")));
+        assert_eq!(
+            catch_up(&t, last, now, 600),
+            Some(ts("2026-01-01T01:00:00Z"))
+        );
         assert_eq!(catch_up(&t, last, now, 120), None, "older than the window");
         assert_eq!(catch_up(&t, last, now, 0), None, "no catch-up asked for");
         assert_eq!(catch_up(&t, None, now, 600), None, "never ran");
         // The 01:00 tick ran already: nothing to catch up.
-        assert_eq!(catch_up(&t, Some(ts("2026-01-01T01:00:00Z")), now, 600), None);
+        assert_eq!(
+            catch_up(&t, Some(ts("2026-01-01T01:00:00Z")), now, 600),
+            None
+        );
     }
 }

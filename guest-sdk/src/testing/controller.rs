@@ -201,6 +201,7 @@ impl MockHost {
                 key: key.clone(),
                 object: object.as_ref().map(Value::to_string),
                 attempt,
+                scheduled: None,
             };
             let before = self.state.borrow().cache.clone();
             let result = self.run_request::<R>(request);

@@ -43,6 +43,7 @@
 //! [`MockHost::for_reconciler`] reaches only the hosts it declares (else `Denied`). Every request
 //! is kept for [`MockHost::http_requests`].
 
+mod children;
 mod controller;
 mod patch;
 mod selector;
@@ -220,6 +221,9 @@ struct State {
     http_requests: Vec<HttpRequest>,
     revision: u64,
     uids: u64,
+    /// The plugin's metrics (declared ones), as the host keeps them.
+    metrics: Option<wcm_rules::metrics::Series>,
+    max_metric_series: Option<usize>,
 }
 
 /// An in-memory [`Host`] for unit tests; see the [module docs](self) for what it models.
@@ -346,7 +350,18 @@ impl MockHost {
         if let Err(e) = description.validate() {
             panic!("invalid plugin description: {e}");
         }
-        self.state.borrow_mut().declared = Some(description);
+        let decls: Vec<_> = description
+            .metrics
+            .iter()
+            .map(crate::metrics::Metric::decl)
+            .collect();
+        let mut st = self.state.borrow_mut();
+        let max = st
+            .max_metric_series
+            .unwrap_or(wcm_rules::metrics::DEFAULT_MAX_SERIES);
+        st.metrics = (!decls.is_empty()).then(|| wcm_rules::metrics::Series::new(&decls, max));
+        st.declared = Some(description);
+        drop(st);
         self
     }
 
@@ -520,7 +535,13 @@ impl MockHost {
         for value in self.state.borrow().injected.iter() {
             ctx.insert_rc(value.clone());
         }
-        R::reconcile(&ctx, request)
+        let action = R::reconcile(&ctx, request.clone())?;
+        // As the host: the children returned are applied and pruned before the reconcile counts
+        // as done, and a child that fails makes it an error.
+        if let Some(children) = action.children() {
+            self.settle_children(&request, children.to_vec())?;
+        }
+        Ok(action)
     }
 
     /// Every API call so far, in order.
@@ -628,6 +649,30 @@ impl MockHost {
 }
 
 impl State {
+    /// Records `manager` among the managers of a stored object that it applied; the object.
+    fn note_applied(&mut self, kind: &KindRef, key: &ObjectKey, manager: &str) -> Option<String> {
+        let obj = self
+            .api
+            .get_mut(&group_kind(kind))
+            .and_then(|objects| objects.get_mut(key))?;
+        let entry = serde_json::json!({"manager": manager, "operation": "Apply"});
+        let fields = &mut obj["metadata"]["managedFields"];
+        match fields.as_array_mut() {
+            Some(list) if list.contains(&entry) => {}
+            Some(list) => list.push(entry),
+            None => *fields = Value::Array(vec![entry]),
+        }
+        let out = obj.to_string();
+        if let Some(cached) = self
+            .cache
+            .get_mut(&group_kind(kind))
+            .and_then(|objects| objects.get_mut(key))
+        {
+            cached["metadata"]["managedFields"] = obj["metadata"]["managedFields"].clone();
+        }
+        Some(out)
+    }
+
     fn plural(&self, kind: &KindRef) -> String {
         self.plurals
             .get(&group_kind(kind))
@@ -1242,12 +1287,28 @@ impl MockHost {
             ..Self::record(verb, kind, key.namespace.as_deref(), Some(&key.name))
         };
         let status = verb == Verb::PatchStatus;
+        let manager = self.field_manager(params.field_manager_suffix.as_deref());
         self.call(record, |st| {
             check_patch_params(patch_type, params)?;
-            st.maybe_dry(params.dry_run, |st| {
+            let out = st.maybe_dry(params.dry_run, |st| {
                 st.patch(kind, key, patch_type, body, status)
-            })
+            })?;
+            // As the API server: a server-side apply makes its field manager one of the
+            // object's managers (what a prune of children checks).
+            if patch_type == PatchType::Apply && !params.dry_run {
+                return Ok(st.note_applied(kind, key, &manager).unwrap_or(out));
+            }
+            Ok(out)
         })
+    }
+
+    /// The name the host knows the plugin by (its declared name; `mock` when none is declared).
+    pub(crate) fn plugin_name(&self) -> String {
+        self.state
+            .borrow()
+            .declared
+            .as_ref()
+            .map_or_else(|| "mock".to_string(), |d| d.name.clone())
     }
 }
 
@@ -1410,6 +1471,16 @@ impl Host for MockHost {
 
     fn secret(&self, key: &str) -> Option<String> {
         self.state.borrow().secrets.get(key).cloned()
+    }
+
+    fn metric(
+        &self,
+        update: crate::metrics::Update,
+        name: &str,
+        labels: &[&str],
+        value: f64,
+    ) -> Result<(), String> {
+        self.update_metric(update, name, labels, value)
     }
 
     fn http(&self, req: &HttpRequest) -> Result<HttpResponse, HttpError> {

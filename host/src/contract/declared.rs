@@ -10,7 +10,10 @@ pub fn schedule(s: &Schedule) -> wcm_rules::schedules::Decl {
         name: s.name.clone(),
         cron: s.cron.clone(),
         time_zone: s.time_zone.clone(),
-        key: s.key.as_ref().map(|k| (k.namespace.clone(), k.name.clone())),
+        key: s
+            .key
+            .as_ref()
+            .map(|k| (k.namespace.clone(), k.name.clone())),
         jitter_seconds: s.jitter_seconds,
         catch_up_seconds: s.catch_up_seconds,
     }

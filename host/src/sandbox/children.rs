@@ -147,6 +147,8 @@ impl CallCtx {
                 applyset::permanent(e.code),
             );
         }
+        // Kinds with a child whose apply failed now: not pruned this time (and kept recorded).
+        let mut failed_kinds: BTreeSet<Gvk> = BTreeSet::new();
         for (r, force) in &ready {
             let options = client::PatchOptions {
                 field_manager_suffix: None,
@@ -167,6 +169,7 @@ impl CallCtx {
             )
             .await?;
             if let Err(error) = out {
+                failed_kinds.insert(r.kind.clone());
                 failed.push(Failed {
                     child: r.named(),
                     error,
@@ -178,6 +181,10 @@ impl CallCtx {
         let mut left: BTreeSet<Gvk> = wanted_kinds.clone();
         let mut prune_failed = false;
         for kind in &kinds {
+            if failed_kinds.contains(kind) {
+                left.insert(kind.clone());
+                continue;
+            }
             let namespaced = match &parent.namespace {
                 Some(_) => Some(true),
                 None => self.services.namespaced(&kind_ref(kind)).await,
@@ -195,6 +202,21 @@ impl CallCtx {
                     // A scope the kind has no objects in (a cluster-scoped kind listed in a
                     // namespace, say).
                     Err(e) if e.code == 404 => continue,
+                    // The plugin may not list this kind (any more): its members cannot be
+                    // pruned by it, and no retry changes that. Said once, and the kind leaves
+                    // the record.
+                    Err(e) if applyset::permanent(e.code) => {
+                        let note = format!(
+                            "{} children cannot be pruned: {} {}: {}",
+                            kind.kind,
+                            e.code,
+                            e.reason,
+                            validate::truncate(&e.message, 600)
+                        );
+                        self.child_event(&parent, true, "ChildPruneRefused", "List", note)
+                            .await?;
+                        continue;
+                    }
                     Err(error) => {
                         prune_failed = true;
                         left.insert(kind.clone());
