@@ -7,8 +7,9 @@
 //! applied earlier for this primary that are no longer in the set. It never deletes an object it
 //! did not apply for this primary, even one with the same labels.
 //!
-//! Each child is an API call of the plugin's own: declare `patch`, `list` and `delete` on the
-//! child's resource and `patch` on the primary's ([`Description::owns`] declares them and the
+//! Each child is an API call of the plugin's own: declare `create` (a server-side apply that
+//! makes an object needs it), `patch`, `list` and `delete` on the child's resource and `patch` on
+//! the primary's ([`Description::owns`] declares them and the
 //! watch that wakes the primary when a child changes). A child that fails (a conflict, a kind
 //! not declared, an invalid object) fails the reconcile with an error naming it, retried with
 //! the key's backoff (not retried when no failure can mend by retrying), and a Warning event

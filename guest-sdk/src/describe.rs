@@ -187,13 +187,16 @@ impl Description {
 
     /// Declares children of kind `K` (returned with [`Action::with_children`]): a secondary watch
     /// of `K` mapped to its controller owner (a child's change wakes its primary), and the calls
-    /// the host makes for them as the plugin: `get`, `list`, `patch`, `delete` on `K`'s resource.
+    /// the host makes for them as the plugin: `get`, `list`, `create`, `patch`, `delete` on `K`'s
+    /// resource (a server-side apply that makes an object needs `create`).
     /// Declare `patch` on the primary's resource too: the host records the ApplySet there.
     ///
     /// [`Action::with_children`]: crate::Action::with_children
     pub fn owns<K: Resource<DynamicType = ()>>(self) -> Self {
         self.secondary(Watch::of::<K>(), Mapping::ControllerOwner)
-            .permission(Permission::of::<K>(&["get", "list", "patch", "delete"]))
+            .permission(Permission::of::<K>(&[
+                "get", "list", "create", "patch", "delete",
+            ]))
     }
 
     /// Checks what the host checks at load time, so a unit test can catch it: the name is a DNS

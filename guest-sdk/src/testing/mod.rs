@@ -1092,8 +1092,32 @@ impl State {
             .map_err(|e| bad_request(format!("the patch is not JSON: {e}")))?;
         let stored = match self.stored(kind, key) {
             Some(obj) => obj.clone(),
-            // Server-side apply creates what is absent.
+            // Server-side apply creates what is absent, and the API server asks RBAC for
+            // `create` then: the host grants only what the plugin declares.
             None if patch_type == PatchType::Apply && !status => {
+                if let Some(d) = &self.declared {
+                    let resource = self.plural(kind);
+                    if !d
+                        .permissions
+                        .iter()
+                        .any(|p| p.allows(&kind.group, &resource, "create"))
+                    {
+                        let user =
+                            format!("system:serviceaccount:wcm-system:wcm-plugin-{}", d.name);
+                        let place = match &key.namespace {
+                            Some(ns) => format!(" in the namespace {ns:?}"),
+                            None => String::new(),
+                        };
+                        return Err(ApiError::new(
+                            403,
+                            "Forbidden",
+                            &format!(
+                                "{resource} {:?} is forbidden: User {user:?} cannot create resource {resource:?} in API group {:?}{place} (server-side apply of an absent object creates it: declare \"create\")",
+                                key.name, kind.group
+                            ),
+                        ));
+                    }
+                }
                 let mut obj = patch.clone();
                 if !obj.is_object() {
                     return Err(bad_request("an apply patch must be a JSON object"));

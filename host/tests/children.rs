@@ -1,0 +1,288 @@
+//! Contract 0.3 against the real cluster: the children a reconcile returns are applied with the
+//! plugin's field manager and the primary as controller owner, pruned exactly when they leave the
+//! set (never an object the plugin did not apply, even with the same labels), a child of an
+//! undeclared kind fails alone with an event; and the plugin's own metrics reach `/metrics`, a
+//! label flood stops at the series budget, and the series go with the plugin. Judged by what the
+//! API server stored and what its audit log saw.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use wasm_controller_manager::loading::plugins::FileStatus;
+
+const PLUGIN: &str = "children-probe";
+
+fn managers(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<(String, String)> {
+    meta.managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            (
+                m.manager.unwrap_or_default(),
+                m.operation.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+async fn set_children(cms: &Api<ConfigMap>, children: &str) -> Result<()> {
+    cms.patch(
+        "owner",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"children": children}})),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_budget() -> Result<()>
+{
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("children").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+
+    let dir = temp_dir("children")?;
+    install(&dir, PLUGIN, "children-probe.wasm")?;
+    std::fs::write(dir.join("children-probe.toml"), "max_metric_series = 20\n")?;
+    let manager = start_manager(test_config(&dir)).await?;
+    let running = eventually(
+        "children-probe running",
+        Duration::from_secs(60),
+        || async {
+            let status = status_of(&manager, "children-probe").await;
+            match &status {
+                Some(FileStatus::Running { .. }) => Ok(Some(())),
+                Some(FileStatus::Refused { .. }) => anyhow::bail!("refused: {status:?}"),
+                _ => Ok(None),
+            }
+        },
+    )
+    .await;
+    if let Err(e) = running {
+        let (_, plugins) = http_get(&manager, "/plugins").await?;
+        anyhow::bail!("{e}: {plugins}");
+    }
+
+    let owner: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "owner",
+        "labels": {"wcm.test/children": "yes"}},
+        "data": {"children": "ConfigMap/a,ConfigMap/b,Service/web"}}))?;
+    let owner = cms.create(&PostParams::default(), &owner).await?;
+    let owner_uid = owner.metadata.uid.clone().unwrap_or_default();
+
+    // Applied: each child with the plugin's field manager, the primary as controller owner and
+    // the ApplySet label; the primary with the ApplySet's ID and kinds.
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns.name);
+    for name in ["a", "b"] {
+        let made = eventually(
+            &format!("child ConfigMap {name}"),
+            Duration::from_secs(60),
+            || async { Ok(cms.get_opt(name).await?) },
+        )
+        .await;
+        if let Err(e) = made {
+            // What the plugin's reconciles said, for the failure message.
+            let notes: Vec<String> = events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|e| format!("{:?}: {:?}", e.reason, e.note))
+                .collect();
+            let (_, text) = http_get(&manager, "/metrics").await?;
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("children-probe") || l.contains("children_probe"))
+                .collect();
+            anyhow::bail!("{e}: events {notes:?}; metrics {lines:#?}");
+        }
+    }
+    let web = eventually("child Service web", Duration::from_secs(60), || async {
+        Ok(services.get_opt("web").await?)
+    })
+    .await?;
+    let a = cms.get("a").await?;
+    for meta in [&a.metadata, &web.metadata] {
+        assert!(
+            managers(meta).contains(&(format!("wcm:{PLUGIN}"), "Apply".into())),
+            "{:?}",
+            managers(meta)
+        );
+        let owners = meta.owner_references.clone().unwrap_or_default();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        assert_eq!(owners[0].uid, owner_uid);
+        assert_eq!(owners[0].controller, Some(true));
+        assert_eq!(owners[0].block_owner_deletion, Some(true));
+    }
+    let id =
+        a.metadata.labels.clone().unwrap_or_default()["applyset.kubernetes.io/part-of"].clone();
+    let parent = eventually(
+        "the primary records its ApplySet",
+        Duration::from_secs(30),
+        || async {
+            let p = cms.get("owner").await?;
+            let kinds = p
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .get("applyset.kubernetes.io/contains-group-kinds")
+                .cloned();
+            Ok((kinds.as_deref() == Some("ConfigMap,Service")).then_some(p))
+        },
+    )
+    .await?;
+    assert_eq!(
+        parent.metadata.labels.clone().unwrap_or_default()["applyset.kubernetes.io/id"],
+        id
+    );
+    assert!(
+        managers(&parent.metadata).contains(&(format!("wcm:{PLUGIN}:applyset"), "Apply".into())),
+        "{:?}",
+        managers(&parent.metadata)
+    );
+
+    // An object the plugin did not apply, with the member label and the same owner.
+    let intruder: ConfigMap = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "by-hand", "labels": {"applyset.kubernetes.io/part-of": id},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid, "controller": true}]}}),
+    )?;
+    cms.patch(
+        "by-hand",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(&intruder),
+    )
+    .await?;
+
+    // b leaves the set: exactly it is deleted, by the plugin's identity.
+    let mark = env.audit_mark()?;
+    set_children(&cms, "ConfigMap/a,Service/web").await?;
+    eventually("b pruned", Duration::from_secs(60), || async {
+        Ok(cms.get_opt("b").await?.is_none().then_some(()))
+    })
+    .await?;
+    // A reconcile after the prune (the primary's own update) deletes nothing more.
+    cms.patch(
+        "owner",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"touch": "1"}})),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(cms.get_opt("a").await?.is_some());
+    assert!(
+        cms.get_opt("by-hand").await?.is_some(),
+        "an object the plugin did not apply was pruned"
+    );
+    assert!(services.get_opt("web").await?.is_some());
+    let deletes: Vec<String> = env
+        .audit_events_since(mark)?
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.stage == "ResponseComplete")
+        .filter_map(|e| {
+            let o = e.object_ref.as_ref()?;
+            (o.namespace == ns.name)
+                .then(|| format!("{}/{} by {}", o.resource, o.name, e.effective_user()))
+        })
+        .collect();
+    assert_eq!(
+        deletes,
+        vec![format!("configmaps/b by {}", plugin_user(PLUGIN))],
+        "exactly b, by the plugin"
+    );
+
+    // A kind the plugin does not declare: that child fails alone, with a Warning event on the
+    // primary; the others stay.
+    set_children(&cms, "ConfigMap/a,Service/web,Secret/creds").await?;
+    let warned = eventually("a ChildFailed event", Duration::from_secs(60), || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok(list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ChildFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("owner")
+        }))
+    })
+    .await?;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    let note = warned.note.unwrap_or_default();
+    assert!(note.contains("Secret \"creds\": 403 NotDeclared"), "{note}");
+    assert!(secrets.get_opt("creds").await?.is_none());
+    assert!(cms.get_opt("a").await?.is_some());
+    assert!(services.get_opt("web").await?.is_some());
+
+    // Metrics: the counter and the histogram, then a flood stopped at the budget (20 series).
+    let ok = eventually(
+        "reconciles{result=ok} on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let v = metric(
+                &manager,
+                "wcm_plugin_children_probe_reconciles_total",
+                &[("result", "ok")],
+            );
+            Ok((v >= 3.0).then_some(v))
+        },
+    )
+    .await?;
+    assert!(ok >= 3.0);
+    let (code, text) = http_get(&manager, "/metrics").await?;
+    assert_eq!(code, 200);
+    assert!(
+        text.contains("wcm_plugin_children_probe_children_bucket{le=\"4.0\"}"),
+        "{text}"
+    );
+    cms.patch(
+        "owner",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"flood": "500", "children": "ConfigMap/a"}})),
+    )
+    .await?;
+    let refused = eventually(
+        "series-budget refusals",
+        Duration::from_secs(60),
+        || async {
+            let v = metric(
+                &manager,
+                "wcm_plugin_metric_updates_refused_total",
+                &[("plugin", PLUGIN), ("reason", "series-budget")],
+            );
+            Ok((v > 0.0).then_some(v))
+        },
+    )
+    .await?;
+    assert!(refused >= 480.0, "{refused}");
+    let (_, text) = http_get(&manager, "/metrics").await?;
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("wcm_plugin_children_probe_reconciles_total{"))
+        .count();
+    // The budget counts every series of the plugin: the histogram's one among them.
+    assert_eq!(series, 19, "{text}");
+
+    // The plugin removed: its series go.
+    std::fs::remove_file(dir.join("children-probe.wasm"))?;
+    eventually(
+        "the plugin's series gone",
+        Duration::from_secs(30),
+        || async {
+            let (_, text) = http_get(&manager, "/metrics").await?;
+            Ok((!text.contains("wcm_plugin_children_probe")).then_some(()))
+        },
+    )
+    .await?;
+    manager.stop().await;
+    Ok(())
+}
