@@ -938,7 +938,7 @@ fn main() -> ExitCode {
             }
             Command::Version => {
                 println!(
-                    "wasm-controller-manager {}\nplugin contract: wcm:reconciler@0.2.0 (worlds plugin, plugin-with-http); also serves 0.1.0",
+                    "wasm-controller-manager {}\nplugin contract: wcm:reconciler@0.3.0 (worlds plugin, plugin-with-http); also serves 0.2.0 and 0.1.0",
                     env!("CARGO_PKG_VERSION")
                 );
                 Ok(ExitCode::SUCCESS)

@@ -31,11 +31,11 @@ fn inspect_prints_the_declaration() -> Result<()> {
     assert!(text.contains("fixed-key pod-count"), "{text}");
     assert!(text.contains("get,patch nodes (core)"), "{text}");
     assert!(
-        text.contains("import        wcm:reconciler/cache@0.2.0"),
+        text.contains("import        wcm:reconciler/cache@0.3.0"),
         "{text}"
     );
     assert!(
-        text.contains("export        wcm:reconciler/reconciler@0.2.0"),
+        text.contains("export        wcm:reconciler/reconciler@0.3.0"),
         "{text}"
     );
     // The SDK imports wasi:http only into plugins that send requests.
@@ -251,7 +251,9 @@ fn bad_run_arguments_are_refused_clearly_before_anything_starts() -> Result<()> 
     assert!(out.status.success());
     let version = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        version.contains("wcm:reconciler@0.2.0") && version.contains("0.1.0"),
+        version.contains("wcm:reconciler@0.3.0")
+            && version.contains("0.2.0")
+            && version.contains("0.1.0"),
         "{version}"
     );
     // Every run flag can come from the environment too, and --help says which variable.

@@ -1,8 +1,9 @@
-//! Both contract versions against the real cluster: a `wcm:reconciler@0.1.0` plugin binary kept as
+//! Every contract version against the real cluster: a `wcm:reconciler@0.1.0` plugin binary kept as
 //! a fixture (pod-counter as built before 0.2.0; `fixtures/README.md`) still loads and labels the
-//! control-plane node with the pod count, beside a 0.2.0 plugin whose new call options (a dry run,
-//! a field selector with a page limit, a delete precondition, a field manager of its own) reach
-//! the API server: what is stored says so.
+//! control-plane node with the pod count, beside a 0.2.0 binary kept as a fixture (options-probe
+//! as built before 0.3.0) whose call options (a dry run, a field selector with a page limit, a
+//! delete precondition, a field manager of its own) reach the API server: what is stored says
+//! so. (0.3.0 plugins are the ones the SDK builds now: every other test runs them.)
 
 mod common;
 
@@ -20,6 +21,10 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pod-counter-wit-0.1.0.wasm")
 }
 
+fn fixture_0_2() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/options-probe-wit-0.2.0.wasm")
+}
+
 fn contract_of(path: &std::path::Path) -> Result<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
         .arg("inspect")
@@ -34,15 +39,16 @@ fn contract_of(path: &std::path::Path) -> Result<String> {
 #[test]
 fn inspect_names_the_contract_version() -> Result<()> {
     assert_eq!(contract_of(&fixture())?, "wcm:reconciler@0.1.0");
+    assert_eq!(contract_of(&fixture_0_2())?, "wcm:reconciler@0.2.0");
     assert_eq!(
         contract_of(&plugin("pod_counter")?)?,
-        "wcm:reconciler@0.2.0"
+        "wcm:reconciler@0.3.0"
     );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_0_1_plugin_and_a_0_2_plugin_run_side_by_side() -> Result<()> {
+async fn a_0_1_plugin_and_a_0_2_plugin_run_side_by_side_on_a_0_3_host() -> Result<()> {
     let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
@@ -62,7 +68,7 @@ async fn a_0_1_plugin_and_a_0_2_plugin_run_side_by_side() -> Result<()> {
 
     let dir = temp_dir("versions")?;
     std::fs::copy(fixture(), dir.join("pod-counter.wasm"))?;
-    install(&dir, "options-probe", "options-probe.wasm")?;
+    std::fs::copy(fixture_0_2(), dir.join("options-probe.wasm"))?;
     let manager = start_manager(test_config(&dir)).await?;
 
     // The 0.1.0 binary: the node carries the number of pods in the cluster.

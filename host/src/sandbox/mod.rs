@@ -178,7 +178,7 @@ pub struct Compiled {
 }
 
 impl Compiled {
-    /// The contract version the plugin was built against (`wcm:reconciler@0.2.0`, ...).
+    /// The contract version the plugin was built against (`wcm:reconciler@0.3.0`, ...).
     pub fn contract_version(&self) -> &'static str {
         self.pre.version()
     }
