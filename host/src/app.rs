@@ -230,6 +230,10 @@ impl Manager {
             metrics: metrics.clone(),
             rate_limits: cfg.rate_limits,
             sync_timeout: cfg.sync_timeout,
+            schedule_records: Some(crate::engine::schedule::ScheduleRecords::new(
+                client.clone(),
+                &cfg.identity.namespace,
+            )),
         });
         let objects = match &cfg.plugin_objects {
             Some(settings) => {

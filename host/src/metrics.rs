@@ -58,6 +58,13 @@ struct PluginCall {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScheduleTick {
+    plugin: String,
+    schedule: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InformerLabels {
     resource: String,
     event: String,
@@ -93,6 +100,7 @@ pub struct Metrics {
     max_concurrent: Family<Ctrl, Gauge>,
     active_workers: Family<Ctrl, Gauge>,
     terminal_errors: Family<Ctrl, Counter>,
+    schedule_ticks: Family<ScheduleTick, Counter>,
     changes_filtered: Family<Ctrl, Counter>,
     mapped_keys_dropped: Family<Ctrl, Counter>,
     worker_panics: Family<Ctrl, Counter>,
@@ -123,6 +131,7 @@ enum Extra {
     Waiting(String),
     Dropped(String),
     Written(String),
+    Tick(String, String),
 }
 
 impl Metrics {
@@ -142,6 +151,7 @@ impl Metrics {
             max_concurrent: Family::default(),
             active_workers: Family::default(),
             terminal_errors: Family::default(),
+            schedule_ticks: Family::default(),
             changes_filtered: Family::default(),
             mapped_keys_dropped: Family::default(),
             worker_panics: Family::default(),
@@ -240,6 +250,11 @@ impl Metrics {
             "wcm_changes_filtered",
             "Updates skipped by the plugin's change filters: reconciles saved",
             m.changes_filtered.clone(),
+        );
+        r.register(
+            "wcm_schedule_ticks",
+            "Ticks of a plugin's schedules that enqueued keys, by kind (tick, catch-up)",
+            m.schedule_ticks.clone(),
         );
         r.register(
             "controller_runtime_terminal_reconcile_errors",
@@ -392,6 +407,19 @@ impl Metrics {
                 name: plugin.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// A schedule's tick (`kind`: "tick" or "catch-up") enqueued its keys.
+    pub fn schedule_tick(&self, plugin: &str, schedule: &str, kind: &str) {
+        let labels = ScheduleTick {
+            plugin: plugin.into(),
+            schedule: schedule.into(),
+            kind: kind.into(),
+        };
+        self.noted(&self.schedule_ticks, &labels, plugin, || {
+            Extra::Tick(schedule.into(), kind.into())
+        })
+        .inc();
     }
 
     pub fn terminal_error(&self, plugin: &str) {
@@ -597,6 +625,13 @@ impl Metrics {
                 }
                 Extra::Written(r) => {
                     self.events_written.remove(&reason(&r));
+                }
+                Extra::Tick(schedule, kind) => {
+                    self.schedule_ticks.remove(&ScheduleTick {
+                        plugin: plugin.into(),
+                        schedule,
+                        kind,
+                    });
                 }
             }
         }

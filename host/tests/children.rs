@@ -16,6 +16,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use wasm_controller_manager::loading::plugins::FileStatus;
+use wasm_controller_manager::sandbox::tape::RecordWhat;
 
 const PLUGIN: &str = "children-probe";
 
@@ -58,7 +59,10 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
     let dir = temp_dir("children")?;
     install(&dir, PLUGIN, "children-probe.wasm")?;
     std::fs::write(dir.join("children-probe.toml"), "max_metric_series = 20\n")?;
-    let manager = start_manager(test_config(&dir)).await?;
+    let records = temp_dir("children-records")?;
+    let mut cfg = test_config(&dir);
+    cfg.record = Some((records.clone(), RecordWhat::All));
+    let manager = start_manager(cfg).await?;
     let running = eventually(
         "children-probe running",
         Duration::from_secs(60),
@@ -204,6 +208,18 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
         vec![format!("configmaps/b by {}", plugin_user(PLUGIN))],
         "exactly b, by the plugin"
     );
+
+    // The reconcile that pruned replays offline from its recording, the same calls answered the
+    // same way (the apply of the children, the list, the delete).
+    let pruning = std::fs::read_dir(records.join(PLUGIN))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            std::fs::read_to_string(p)
+                .is_ok_and(|t| t.contains("client.delete") && t.contains("\"b\""))
+        })
+        .ok_or_else(|| anyhow::anyhow!("no recording of the pruning reconcile"))?;
+    let replayed = replay_offline(&pruning, &common::plugin(PLUGIN)?)?;
+    assert!(replayed.contains("client.delete"), "{replayed}");
 
     // A kind the plugin does not declare: that child fails alone, with a Warning event on the
     // primary; the others stay.

@@ -25,6 +25,7 @@ use crate::engine::cache::{CachedObject, Key, ObjectStore};
 use crate::engine::informer::{Change, Informer, InformerKey, Informers, canonical_selector};
 use crate::engine::queue::WorkQueue;
 use crate::engine::rate_limit::{RateLimiter, RateLimits};
+use crate::engine::schedule::{ScheduleDebug, ScheduleRecords, ScheduleView, Scheduled, Scheduler};
 use crate::metrics::Metrics;
 use crate::sandbox::{CallError, Compiled, Limits, Runtime, Warm};
 
@@ -79,6 +80,8 @@ pub struct ControllerParts {
     /// Whether this replica may reconcile each plugin: a standby keeps its caches and queues
     /// warm and takes no key.
     pub election: Arc<Election>,
+    /// Where schedules record their last tick (none: no catch-up across restarts).
+    pub schedule_records: Option<ScheduleRecords>,
 }
 
 pub struct Controller {
@@ -96,6 +99,8 @@ pub struct Controller {
     last_error: LastErrorSlot,
     /// When its workers may take keys; held for as long as the controller runs.
     gate: Gate,
+    /// Its schedules as the debug view shows them.
+    schedules: ScheduleView,
 }
 
 /// A controller dropped without [`Controller::stop`] (a load cancelled while it started or swapped
@@ -146,6 +151,7 @@ pub struct ControllerDebug {
     pub leading: bool,
     pub leader: Option<String>,
     pub last_error: Option<LastError>,
+    pub schedules: Vec<ScheduleDebug>,
 }
 
 /// The informers a description needs, in order: primary first. Two watches may need the same
@@ -346,6 +352,22 @@ impl Controller {
                 }
             }));
         }
+        let scheduled = Scheduled::default();
+        let schedules = ScheduleView::default();
+        if !version.description.schedules.is_empty() {
+            let scheduler = Scheduler {
+                plugin: name.clone(),
+                schedules: version.description.schedules.clone(),
+                records: parts.schedule_records.clone(),
+                queue: queue.clone(),
+                primary: primary_store.clone(),
+                scheduled: scheduled.clone(),
+                taking: gate.taking.clone(),
+                metrics: parts.metrics.clone(),
+                view: schedules.clone(),
+            };
+            tasks.push(tokio::spawn(scheduler.run()));
+        }
         let version = Arc::new(RwLock::new(Arc::new(version)));
         let last_error = LastErrorSlot::default();
         parts.metrics.workers(&name, workers);
@@ -360,6 +382,7 @@ impl Controller {
                 metrics: parts.metrics.clone(),
                 gate: gate.clone(),
                 last_error: last_error.clone(),
+                scheduled: scheduled.clone(),
             };
             tasks.push(tokio::spawn(w.run()));
         }
@@ -376,6 +399,7 @@ impl Controller {
             metrics: parts.metrics.clone(),
             last_error,
             gate,
+            schedules,
         })
     }
 
@@ -419,6 +443,7 @@ impl Controller {
             && current.description.primary == description.primary
             && change_filter::filters(&current.description) == change_filter::filters(description)
             && mapping::mappings(&current.description) == mapping::mappings(description)
+            && current.description.schedules == description.schedules
     }
 
     pub async fn version(&self) -> Arc<Version> {
@@ -476,6 +501,11 @@ impl Controller {
             leader: self.gate.leader(),
             last_error: self
                 .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            schedules: self
+                .schedules
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
@@ -581,6 +611,8 @@ struct Worker {
     metrics: Arc<Metrics>,
     gate: Gate,
     last_error: LastErrorSlot,
+    /// Keys a schedule's tick enqueued (the schedule's name goes with the request).
+    scheduled: Scheduled,
 }
 
 /// How long an idle worker keeps a warm instance that holds a shared slot of the instance pool.
@@ -659,7 +691,11 @@ impl Worker {
             },
             object: object.as_ref().map(|o| o.json.to_string()),
             attempt: self.queue.num_requeues(key),
-            scheduled: None,
+            scheduled: self
+                .scheduled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key),
         };
         // Holding the read lock for the call lets a version swap wait for in-flight calls.
         let guard = self.version.read().await;

@@ -11,5 +11,6 @@ pub mod controller;
 pub mod informer;
 pub mod queue;
 pub mod rate_limit;
+pub mod schedule;
 pub mod shrink;
 pub mod subscription;

@@ -141,6 +141,23 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         "permissions": d.permissions.iter().map(|p| serde_json::json!({"group": p.group, "resource": p.resource, "verbs": p.verbs})).collect::<Vec<_>>(),
         "outboundHosts": d.outbound_hosts,
         "configKeys": d.config_keys,
+        "schedules": d.schedules.iter().map(|s| serde_json::json!({
+            "name": s.name,
+            "cron": s.cron,
+            "timeZone": s.time_zone.clone().unwrap_or_else(|| "UTC".into()),
+            "enqueues": schedule_key(s),
+            "jitterSeconds": s.jitter_seconds,
+            "catchUpSeconds": s.catch_up_seconds,
+        })).collect::<Vec<_>>(),
+        "metrics": d.metrics.iter().map(|m| serde_json::json!({
+            "name": m.name,
+            "exportedAs": metric_name(&d.name, m),
+            "kind": format!("{:?}", m.kind).to_lowercase(),
+            "help": m.help,
+            "labels": m.labels,
+            "buckets": m.buckets,
+        })).collect::<Vec<_>>(),
+        "propagateTraceContext": d.propagate_trace_context,
         "extensions": d.extensions.iter().cloned().collect::<BTreeMap<_, _>>(),
         "imports": imports,
         "exports": exports,
@@ -231,6 +248,41 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
     if !d.config_keys.is_empty() {
         line(&mut out, "config keys", d.config_keys.join(", "));
     }
+    for s in &d.schedules {
+        let mut v = format!(
+            "{} \"{}\" ({}) → {}",
+            s.name,
+            s.cron,
+            s.time_zone.as_deref().unwrap_or("UTC"),
+            schedule_key(s)
+        );
+        if s.jitter_seconds > 0 {
+            v.push_str(&format!(", jitter ≤ {} s", s.jitter_seconds));
+        }
+        v.push_str(&match s.catch_up_seconds {
+            0 => ", missed ticks skipped".to_string(),
+            n => format!(", catch-up ≤ {n} s"),
+        });
+        line(&mut out, "schedule", v);
+    }
+    for m in &d.metrics {
+        let mut v = format!(
+            "{} ({})",
+            metric_name(&d.name, m),
+            format!("{:?}", m.kind).to_lowercase()
+        );
+        if !m.labels.is_empty() {
+            v.push_str(&format!(" {{{}}}", m.labels.join(",")));
+        }
+        line(&mut out, "metric", v);
+    }
+    if d.propagate_trace_context {
+        line(
+            &mut out,
+            "tracing",
+            "outbound HTTP carries the trace context".into(),
+        );
+    }
     for i in &imports {
         line(&mut out, "import", i.clone());
     }
@@ -238,6 +290,27 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         line(&mut out, "export", e.clone());
     }
     Ok(out)
+}
+
+/// What a schedule's tick enqueues.
+fn schedule_key(s: &crate::contract::Schedule) -> String {
+    match &s.key {
+        Some(k) => match &k.namespace {
+            Some(ns) => format!("{ns}/{}", k.name),
+            None => k.name.clone(),
+        },
+        None => "every primary object".into(),
+    }
+}
+
+/// The name a plugin metric is exported under.
+fn metric_name(plugin: &str, m: &crate::contract::Metric) -> String {
+    let suffix = if m.kind == crate::contract::MetricKind::Counter {
+        "_total"
+    } else {
+        ""
+    };
+    format!("wcm_plugin_{}_{}{suffix}", plugin.replace('-', "_"), m.name)
 }
 
 pub(crate) fn fmt_watch(w: &Watch) -> String {
