@@ -19,4 +19,5 @@ pub mod plugin_metrics;
 mod safe_fs;
 pub mod sandbox;
 pub mod serving;
+pub mod telemetry;
 pub use wcm_selector as selector;

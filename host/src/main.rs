@@ -538,6 +538,21 @@ struct RunArgs {
     /// Which reconciles --record-dir records: "failures" (errors and failed calls) or "all".
     #[arg(long, env = "WCM_RECORD", value_enum, default_value_t = RecordWhat::Failures)]
     record: RecordWhat,
+    /// Send a trace of each reconcile (a span per reconcile with a child span per host call: API
+    /// verb and resource, cache read, event, outbound HTTP) to this OpenTelemetry collector, over
+    /// OTLP/HTTP (protobuf) at URL/v1/traces, e.g. http://otel-collector:4318. Off when unset.
+    #[arg(long, env = "WCM_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// The `service.name` of the traces.
+    #[arg(
+        long,
+        env = "WCM_OTLP_SERVICE_NAME",
+        default_value = "wasm-controller-manager"
+    )]
+    otlp_service_name: String,
+    /// The share of reconciles traced, 0 to 1 (decided per trace).
+    #[arg(long, env = "WCM_OTLP_SAMPLE_RATIO", default_value_t = 1.0)]
+    otlp_sample_ratio: f64,
     /// How an instance's linear memory is reset for the next one: "auto" resets only the pages it
     /// wrote (Linux ≥ 6.7, and only where no page can be swapped out, else as "memset");
     /// "memset" writes back the first 2 MiB whole.
@@ -876,15 +891,56 @@ fn main() -> ExitCode {
     });
     // Colours only for a person at a terminal: a log file or collector gets plain text.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(colour)
-        .with_writer(std::io::stderr);
-    if cli.log_json || cli.log_format == LogFormat::Json {
-        builder.json().init();
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+    let fmt: Boxed = if cli.log_json || cli.log_format == LogFormat::Json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        builder.init();
-    }
+        tracing_subscriber::fmt::layer()
+            .with_ansi(colour)
+            .with_writer(std::io::stderr)
+            .boxed()
+    };
+    // The spans exported as traces never show in the log.
+    let not_traces = tracing_subscriber::filter::filter_fn(|m| {
+        m.target() != wasm_controller_manager::telemetry::TARGET
+    });
+    let otlp = match &cli.command {
+        Command::Run(args) => args.otlp_endpoint.as_ref().map(|endpoint| {
+            wasm_controller_manager::telemetry::OtlpSettings {
+                endpoint: endpoint.clone(),
+                service_name: args.otlp_service_name.clone(),
+                sample_ratio: args.otlp_sample_ratio,
+            }
+        }),
+        _ => None,
+    };
+    let (tracing_exporter, traces) =
+        match otlp.map(|s| wasm_controller_manager::telemetry::Tracing::start(&s)) {
+            None => (None, None),
+            Some(Ok((t, layer))) => (
+                Some(t),
+                Some(
+                    layer.with_filter(tracing_subscriber::filter::Targets::new().with_target(
+                        wasm_controller_manager::telemetry::TARGET,
+                        tracing::Level::TRACE,
+                    )),
+                ),
+            ),
+            Some(Err(e)) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter).with_filter(not_traces))
+        .with(traces)
+        .init();
     if let Command::CompileWorker {
         artifact,
         engine_key,
@@ -974,6 +1030,10 @@ fn main() -> ExitCode {
             }
         }
     });
+    // What is buffered goes to the collector before the process ends.
+    if let Some(t) = tracing_exporter {
+        t.shutdown();
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -275,11 +275,13 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
                 "wcm_plugin_metric_updates_refused_total",
                 &[("plugin", PLUGIN), ("reason", "series-budget")],
             );
-            Ok((v > 0.0).then_some(v))
+            // 500 new label values against a budget of 20 series (one is the histogram's,
+            // one `ok`): at least 480 refused once the reconcile's updates are all in.
+            Ok((v >= 480.0).then_some(v))
         },
     )
     .await?;
-    assert!(refused >= 480.0, "{refused}");
+    assert!(refused <= 500.0, "{refused}");
     let (_, text) = http_get(&manager, "/metrics").await?;
     let series = text
         .lines()

@@ -98,7 +98,7 @@ async fn a_minute_schedule_runs_once_a_minute_on_the_leader_and_catches_up_after
     );
     let (_, debug) = http_get(if ta > 0.0 { &a } else { &b }, "/debug/controllers").await?;
     assert!(
-        debug.contains("every-minute") && debug.contains("next_tick"),
+        debug.contains("every-minute") && debug.contains("nextTick"),
         "{debug}"
     );
 

@@ -316,6 +316,8 @@ pub struct Services {
     retired: (std::sync::atomic::AtomicBool, tokio::sync::Notify),
     /// The metrics this version declared (contract 0.3), if any.
     pub(crate) plugin_metrics: Option<Arc<crate::plugin_metrics::PluginMetrics>>,
+    /// Its outbound HTTP carries the trace context (contract 0.3, `propagate-trace-context`).
+    pub(crate) propagate_trace_context: bool,
 }
 
 impl Services {
@@ -335,6 +337,7 @@ impl Services {
             share: None,
             retired: Default::default(),
             plugin_metrics: None,
+            propagate_trace_context: false,
         }
     }
 
@@ -366,6 +369,7 @@ impl Services {
             share: None,
             retired: Default::default(),
             plugin_metrics: None,
+            propagate_trace_context: false,
         }
     }
 
@@ -424,6 +428,12 @@ impl Services {
     pub(crate) async fn namespaced(&self, kind: &crate::contract::KindRef) -> Option<bool> {
         let reach = self.reach.as_ref()?;
         reach.api.resolve(kind).await.ok().map(|r| r.namespaced)
+    }
+
+    /// With outbound HTTP carrying the reconcile's trace context.
+    pub fn with_trace_context(mut self, propagate: bool) -> Self {
+        self.propagate_trace_context = propagate;
+        self
     }
 
     pub fn plugin_metrics(&self) -> Option<&Arc<crate::plugin_metrics::PluginMetrics>> {

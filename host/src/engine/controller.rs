@@ -701,10 +701,50 @@ impl Worker {
         let guard = self.version.read().await;
         let v = guard.clone();
         let started = Instant::now();
-        let result = match v.isolation {
+        // The reconcile's trace (exported only with --otlp-endpoint); its host calls are its
+        // children.
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "reconcile",
+            otel.name = %format!("reconcile {}", self.name),
+            wcm.plugin = %self.name,
+            wcm.plugin.version = %v.description.version,
+            wcm.key = %key,
+            wcm.attempt = req.attempt,
+            wcm.scheduled = req.scheduled.as_deref().unwrap_or(""),
+            wcm.result = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let result = tracing::Instrument::instrument(self.call(&v, &req, warm), span.clone()).await;
+        span.record(
+            "wcm.result",
+            match &result {
+                Ok(Ok(Action::Done)) => "done",
+                Ok(Ok(Action::RequeueAfter(_))) => "requeue",
+                Ok(Err(e)) if e.terminal => "terminal-error",
+                Ok(Err(_)) => "error",
+                Err(_) => "call-failed",
+            },
+        );
+        if !matches!(result, Ok(Ok(_))) {
+            span.record("otel.status_code", "ERROR");
+        }
+        drop(span);
+        drop(guard);
+        let took = started.elapsed();
+        self.settle(key, &req, &v, object.as_ref(), result, took);
+    }
+
+    async fn call(
+        &self,
+        v: &Version,
+        req: &Request,
+        warm: &mut (Option<Warm>, u64),
+    ) -> Result<Result<Action, crate::contract::ReconcileError>, CallError> {
+        match v.isolation {
             Isolation::Call => {
                 self.runtime
-                    .reconcile(&v.compiled, v.services.clone(), &v.limits, &req)
+                    .reconcile(&v.compiled, v.services.clone(), &v.limits, req)
                     .await
             }
             Isolation::Worker => {
@@ -713,18 +753,22 @@ impl Worker {
                     *warm = (None, v.id);
                 }
                 self.runtime
-                    .reconcile_warm(
-                        &v.compiled,
-                        v.services.clone(),
-                        &v.limits,
-                        &req,
-                        &mut warm.0,
-                    )
+                    .reconcile_warm(&v.compiled, v.services.clone(), &v.limits, req, &mut warm.0)
                     .await
             }
-        };
-        drop(guard);
-        let took = started.elapsed();
+        }
+    }
+
+    /// What follows a reconcile: the key forgotten, requeued or retried, the metrics, the log.
+    fn settle(
+        &self,
+        key: &Key,
+        req: &Request,
+        v: &Version,
+        object: Option<&Arc<CachedObject>>,
+        result: Result<Result<Action, crate::contract::ReconcileError>, CallError>,
+        took: Duration,
+    ) {
         match result {
             Ok(Ok(Action::Done)) => {
                 self.queue.forget(key);
@@ -755,7 +799,7 @@ impl Worker {
                     let message = validate::log_text(&e.message, 4096);
                     tracing::error!(plugin = %self.name, %key, "terminal reconcile error (not retried): {message}");
                 }
-                if let Some(o) = &object {
+                if let Some(o) = object {
                     v.services
                         .record_event(self.failure_event(o, &e.message), &self.primary);
                 }

@@ -103,6 +103,7 @@ impl ScheduleRecords {
 
 /// What `/debug/controllers` shows of a schedule.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ScheduleDebug {
     pub name: String,
     pub cron: String,

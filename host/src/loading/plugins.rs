@@ -548,6 +548,10 @@ impl PluginManager {
                     v["leading"] = d.leading.into();
                     v["leader"] = d.leader.clone().into();
                     v["lastError"] = serde_json::to_value(&d.last_error).unwrap_or_default();
+                    if !d.schedules.is_empty() {
+                        v["schedules"] =
+                            serde_json::to_value(&d.schedules).unwrap_or_default();
+                    }
                 }
                 v
             })

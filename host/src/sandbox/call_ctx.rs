@@ -78,13 +78,14 @@ pub struct CallCtx {
 
 impl CallCtx {
     pub fn new(services: Arc<Services>, limits: &Limits) -> Self {
-        let http_policy = HttpPolicy::new(
+        let mut http_policy = HttpPolicy::new(
             services.plugin_name().into(),
             services.allowed_hosts.clone(),
             services.protected_ips.clone(),
             services.metrics().cloned(),
             services.budgets.http.clone(),
         );
+        http_policy.propagate_trace_context = services.propagate_trace_context;
         let stdout = MemoryOutputPipe::new(limits.max_output);
         let stderr = MemoryOutputPipe::new(limits.max_output);
         let wasi = wasi_ctx(&stdout, &stderr, None);

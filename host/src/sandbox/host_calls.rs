@@ -20,6 +20,18 @@ const MAX_LOG_FIELDS: usize = 32;
 
 impl types::Host for CallCtx {}
 
+/// A child span of the reconcile for a host call that makes no API request (exported only with
+/// --otlp-endpoint); the kind the plugin named is escaped and cut short.
+fn host_span(call: &'static str, kind: &KindRef) -> tracing::Span {
+    tracing::info_span!(
+        target: crate::telemetry::TARGET,
+        "host-call",
+        otel.name = call,
+        wcm.call = call,
+        k8s.kind = %validate::log_text(&kind.kind, 63),
+    )
+}
+
 impl From<ApiFailure> for ApiError {
     fn from(f: ApiFailure) -> Self {
         ApiError {
@@ -85,7 +97,29 @@ impl CallCtx {
         #[cfg(feature = "failpoints")]
         fail::fail_point!("host-api-call");
         let services = self.services.clone();
-        let out = services.api_call(&req).await.map_err(ApiError::from);
+        // A child span of the reconcile (exported only with --otlp-endpoint); what the plugin
+        // named is escaped and cut short.
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "api",
+            otel.name = %format!("{} {}", req.verb.as_str(), validate::log_text(&req.kind.kind, 63)),
+            otel.kind = "client",
+            wcm.call = what,
+            k8s.api_version = %validate::log_text(&KindKey::from(req.kind).api_version(), 128),
+            k8s.namespace.name = %validate::log_text(req.namespace.unwrap_or(""), 63),
+            k8s.object.name = %validate::log_text(req.name.unwrap_or(""), 253),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let out = tracing::Instrument::instrument(services.api_call(&req), span.clone())
+            .await
+            .map_err(ApiError::from);
+        if let Err(e) = &out {
+            span.record("http.response.status_code", e.code);
+            span.record("otel.status_code", "ERROR");
+        } else {
+            span.record("http.response.status_code", 200);
+        }
         self.taped(what, args, || api_result_json(&out));
         Ok(out)
     }
@@ -411,6 +445,7 @@ impl cache::Host for CallCtx {
         if let Some(answer) = self.replayed("cache.get", &args) {
             return Ok(answer.as_str().map(str::to_string));
         }
+        let _span = host_span("cache.get", &kind).entered();
         let out = self.cache_get(kind, key);
         self.taped("cache.get", args, || json!(out));
         Ok(out)
@@ -431,6 +466,7 @@ impl cache::Host for CallCtx {
         if let Some(answer) = self.replayed("cache.keys", &args) {
             return Ok(strings_from_json(&answer).map(|keys| object_keys(&keys)));
         }
+        let _span = host_span("cache.keys", &kind).entered();
         let out = self
             .select(&kind, namespace.as_deref(), label_selector.as_deref())
             .map(|objs| objs.iter().map(|o| o.key.to_string()).collect());
@@ -453,6 +489,7 @@ impl cache::Host for CallCtx {
         if let Some(answer) = self.replayed("cache.list", &args) {
             return Ok(strings_from_json(&answer));
         }
+        let _span = host_span("cache.list", &kind).entered();
         let out = self
             .select(&kind, namespace.as_deref(), label_selector.as_deref())
             .map(|objs| objs.iter().map(|o| o.json.to_string()).collect());
@@ -546,6 +583,7 @@ impl events::Host for CallCtx {
             }
         }
         let k = regarding.kind;
+        let _span = host_span("events.record", &k).entered();
         let event = PluginEvent {
             api_version: KindKey::from(&k).api_version(),
             kind: k.kind.clone(),

@@ -554,6 +554,8 @@ pub struct HttpPolicy {
     deadline: Option<Instant>,
     /// Requests being recorded, or answered from a recording (`tape.rs`).
     pub(crate) tape: Option<Arc<Mutex<Tape>>>,
+    /// The plugin asked for the trace context on its requests (`propagate-trace-context`).
+    pub(crate) propagate_trace_context: bool,
 }
 
 impl HttpPolicy {
@@ -582,6 +584,7 @@ impl HttpPolicy {
             budget,
             deadline: None,
             tape: None,
+            propagate_trace_context: false,
         }
     }
 
@@ -712,76 +715,114 @@ impl WasiHttpHooks for HttpPolicy {
             self.report.clone(),
             self.budget.lookups.clone(),
         );
-        Box::new(async move {
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-            }
-            let timeouts = Timeouts::from(options);
-            let ips = crate::sandbox::dns::resolve(&target, timeouts.connect, &lookups).await?;
-            let addrs = match check_addresses(&ips, target.port, &rules, &protected) {
-                Ok(a) => a,
-                Err((ip, risk)) => {
-                    report.refused(&authority, &format!("resolves to {ip} ({risk})"));
-                    return Err(Error::DestinationIpProhibited);
+        // A child span of the reconcile (exported only with --otlp-endpoint), and its W3C trace
+        // context on the request when the plugin asked for it.
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "http",
+            otel.name = %format!("HTTP {}", request.method()),
+            otel.kind = "client",
+            http.request.method = %request.method(),
+            server.address = %authority,
+            http.response.status_code = tracing::field::Empty,
+        );
+        let mut request = request;
+        let mut injected = false;
+        if self.propagate_trace_context {
+            let _inside = span.enter();
+            for (name, value) in crate::telemetry::trace_context_headers() {
+                if let (Ok(name), Ok(value)) = (
+                    http::HeaderName::try_from(name.as_str()),
+                    http::HeaderValue::try_from(value.as_str()),
+                ) {
+                    request.headers_mut().insert(name, value);
+                    injected = true;
                 }
-            };
-            let Some(tape) = tape else {
-                return send(request, &target, &addrs, timeouts).await;
-            };
-            // Recorded: the bodies are read, up to what the recording may still hold, so what was
-            // sent and answered can be written. An exchange past that is sent as it comes, left
-            // out of the recording (which then says so), and never buffered whole.
-            let room = tape.lock().map_or(0, |t| t.room());
-            let leave_out = || {
-                if let Ok(mut t) = tape.lock() {
-                    t.leave_out();
+            }
+        }
+        let traced = span.clone();
+        Box::new(tracing::Instrument::instrument(
+            async move {
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
                 }
-            };
-            let (parts, body) = request.into_parts();
-            let (sent, rest) = read_up_to(body, room.min(MAX_TAPED_REQUEST_BODY)).await?;
-            if let Some(rest) = rest {
-                leave_out();
-                let request = http::Request::from_parts(parts, prefixed(sent, rest));
-                return send(request, &target, &addrs, timeouts).await;
-            }
-            let (args, credentials) = request_json(&parts, &sent);
-            let request = http::Request::from_parts(parts, full_body(sent));
-            let (response, io) = send(request, &target, &addrs, timeouts).await?;
-            let limit = room
-                .saturating_sub(args.to_string().len())
-                .min(MAX_TAPED_RESPONSE_BODY);
-            if response.body().size_hint().lower() > limit as u64 {
-                leave_out();
-                return Ok((response, io));
-            }
-            // The connection must be driven while the body is read; once it is read whole the
-            // connection has nothing more to give.
-            let driver = tokio::spawn(Box::into_pin(io));
-            let stop = AbortOnDrop(driver.abort_handle());
-            let (parts, body) = response.into_parts();
-            let (bytes, rest) = read_up_to(body, limit).await?;
-            if let Some(rest) = rest {
-                leave_out();
-                let response = http::Response::from_parts(parts, prefixed(bytes, rest));
-                let io = async move {
-                    let _stop = stop;
-                    driver.await.unwrap_or(Err(Error::HttpProtocolError))
+                let timeouts = Timeouts::from(options);
+                let ips = crate::sandbox::dns::resolve(&target, timeouts.connect, &lookups).await?;
+                let addrs = match check_addresses(&ips, target.port, &rules, &protected) {
+                    Ok(a) => a,
+                    Err((ip, risk)) => {
+                        report.refused(&authority, &format!("resolves to {ip} ({risk})"));
+                        return Err(Error::DestinationIpProhibited);
+                    }
                 };
-                return Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>));
-            }
-            drop(stop);
-            let (answer, answer_credentials) = response_json(&parts, &bytes);
-            if let Ok(mut t) = tape.lock() {
-                for (name, value) in credentials.iter().chain(&answer_credentials) {
-                    t.credential_header(name, value);
+                let Some(tape) = tape else {
+                    return send(request, &target, &addrs, timeouts).await;
+                };
+                // Recorded: the bodies are read, up to what the recording may still hold, so what was
+                // sent and answered can be written. An exchange past that is sent as it comes, left
+                // out of the recording (which then says so), and never buffered whole.
+                let room = tape.lock().map_or(0, |t| t.room());
+                let leave_out = || {
+                    if let Ok(mut t) = tape.lock() {
+                        t.leave_out();
+                    }
+                };
+                let (parts, body) = request.into_parts();
+                let (sent, rest) = read_up_to(body, room.min(MAX_TAPED_REQUEST_BODY)).await?;
+                if let Some(rest) = rest {
+                    leave_out();
+                    let request = http::Request::from_parts(parts, prefixed(sent, rest));
+                    return send(request, &target, &addrs, timeouts).await;
                 }
-                t.note(HTTP_CALL, args, answer);
-            }
-            Ok((
-                http::Response::from_parts(parts, full_body(bytes)),
-                Box::new(async { Ok(()) }) as Box<dyn Future<Output = _> + Send>,
-            ))
-        })
+                let (mut args, credentials) = request_json(&parts, &sent);
+                if injected {
+                    // The host's trace context differs at each run: not the plugin's request, so not
+                    // in the recording (a replay compares what the plugin sent).
+                    if let Some(headers) = args["headers"].as_array_mut() {
+                        headers.retain(|h| {
+                            !matches!(h[0].as_str(), Some("traceparent" | "tracestate"))
+                        });
+                    }
+                }
+                let request = http::Request::from_parts(parts, full_body(sent));
+                let (response, io) = send(request, &target, &addrs, timeouts).await?;
+                let limit = room
+                    .saturating_sub(args.to_string().len())
+                    .min(MAX_TAPED_RESPONSE_BODY);
+                if response.body().size_hint().lower() > limit as u64 {
+                    leave_out();
+                    return Ok((response, io));
+                }
+                // The connection must be driven while the body is read; once it is read whole the
+                // connection has nothing more to give.
+                let driver = tokio::spawn(Box::into_pin(io));
+                let stop = AbortOnDrop(driver.abort_handle());
+                let (parts, body) = response.into_parts();
+                let (bytes, rest) = read_up_to(body, limit).await?;
+                if let Some(rest) = rest {
+                    leave_out();
+                    let response = http::Response::from_parts(parts, prefixed(bytes, rest));
+                    let io = async move {
+                        let _stop = stop;
+                        driver.await.unwrap_or(Err(Error::HttpProtocolError))
+                    };
+                    return Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>));
+                }
+                drop(stop);
+                let (answer, answer_credentials) = response_json(&parts, &bytes);
+                if let Ok(mut t) = tape.lock() {
+                    for (name, value) in credentials.iter().chain(&answer_credentials) {
+                        t.credential_header(name, value);
+                    }
+                    t.note(HTTP_CALL, args, answer);
+                }
+                Ok((
+                    http::Response::from_parts(parts, full_body(bytes)),
+                    Box::new(async { Ok(()) }) as Box<dyn Future<Output = _> + Send>,
+                ))
+            },
+            traced,
+        ))
     }
 }
 

@@ -354,7 +354,8 @@ impl PluginManager {
             )
             .with_recorder(self.settings.recorder.clone())
             .with_share(share)
-            .with_plugin_metrics(plugin_metrics.clone()),
+            .with_plugin_metrics(plugin_metrics.clone())
+            .with_trace_context(description.propagate_trace_context),
         );
         if let Some(m) = &plugin_metrics {
             self.parts.metrics.plugin_metrics().insert(&name, m.clone());
