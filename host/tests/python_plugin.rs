@@ -204,3 +204,96 @@ async fn a_python_plugin_reloads_deployments_in_both_isolation_modes() -> Result
     reloads_deployments(Some("call")).await?;
     reloads_deployments(None).await
 }
+
+/// children-py (Python, contract 0.3) against the real cluster: its children are applied with its
+/// field manager and owner, one it stops returning is pruned, its counter reaches `/metrics`, and
+/// `inspect` shows its schedule.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_plugin_returns_children_updates_its_metrics_and_declares_a_schedule() -> Result<()>
+{
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("py-children").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let dir = temp_dir("py-children")?;
+    let wasm = install(&dir, "children_py", "children-py.wasm")?;
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("inspect")
+        .arg(&wasm)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("wcm:reconciler@0.3.0"), "{text}");
+    assert!(
+        text.contains("hourly \"@hourly\" (Europe/Berlin) → every primary object"),
+        "{text}"
+    );
+    assert!(
+        text.contains("wcm_plugin_children_py_children_total"),
+        "{text}"
+    );
+
+    let mut cfg = test_config(&dir);
+    // CPython is inside: about 18 MB.
+    cfg.max_plugin_bytes = 64 << 20;
+    let manager = start_manager(cfg).await?;
+    let primary: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "p",
+        "labels": {"wcm.test/py-children": "yes"}}, "data": {"children": "a,b"}}))?;
+    let primary = cms.create(&PostParams::default(), &primary).await?;
+    let uid = primary.metadata.uid.clone().unwrap_or_default();
+    for name in ["p-a", "p-b"] {
+        let child = eventually(
+            &format!("child {name}"),
+            Duration::from_secs(90),
+            || async { Ok(cms.get_opt(name).await?) },
+        )
+        .await;
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                let (_, plugins) = http_get(&manager, "/plugins").await?;
+                let events: Api<Event> = Api::namespaced(client.clone(), &ns.name);
+                let notes: Vec<String> = events
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(|e| format!("{:?}: {:?}", e.reason, e.note))
+                    .collect();
+                anyhow::bail!("{e}: {plugins} {notes:?}");
+            }
+        };
+        let owner = child.metadata.owner_references.clone().unwrap_or_default();
+        assert_eq!(owner.first().map(|o| o.uid.as_str()), Some(uid.as_str()));
+        let managers: Vec<String> = child
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.manager)
+            .collect();
+        assert!(
+            managers.iter().any(|m| m == "wcm:children-py"),
+            "{managers:?}"
+        );
+    }
+    cms.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"children": "a"}})),
+    )
+    .await?;
+    eventually("p-b pruned", Duration::from_secs(60), || async {
+        Ok(cms.get_opt("p-b").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert!(cms.get_opt("p-a").await?.is_some());
+    let counted = metric(
+        &manager,
+        "wcm_plugin_children_py_children_total",
+        &[("lang", "python")],
+    );
+    assert!(counted >= 3.0, "{counted}");
+    manager.stop().await;
+    Ok(())
+}
