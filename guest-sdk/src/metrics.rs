@@ -2,8 +2,8 @@
 //!
 //! Declare each in the description ([`Description::metric`](crate::Description::metric)), then
 //! update it from a reconcile through [`Context::metrics`](crate::Context::metrics). The host
-//! exports them on its `/metrics` as `wcm_plugin_<plugin>_<name>` (the plugin's instance name
-//! with `-` as `_`; a counter with `_total`), with the declared labels, while the plugin runs.
+//! exports them on its `/metrics` as `wcm_plugin_<plugin>__<name>` (the plugin's instance name
+//! with `-` as `_`, then two `_`; a counter with `_total`), with the declared labels, while the plugin runs.
 //! An update that does not match its declaration (an unknown name, the wrong kind, a label
 //! count, a label value longer than 128 bytes, a negative counter step, a value that is not
 //! finite) or that would make a series past the plugin's series budget (1000 by default, the

@@ -230,9 +230,12 @@ impl Manager {
             metrics: metrics.clone(),
             rate_limits: cfg.rate_limits,
             sync_timeout: cfg.sync_timeout,
+            // Where the host's Role on Leases is (its leader election's namespace).
             schedule_records: Some(crate::engine::schedule::ScheduleRecords::new(
                 client.clone(),
-                &cfg.identity.namespace,
+                cfg.leader_election
+                    .as_ref()
+                    .map_or(&cfg.identity.namespace, |l| &l.namespace),
             )),
         });
         let objects = match &cfg.plugin_objects {

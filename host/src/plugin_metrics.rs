@@ -1,5 +1,5 @@
 //! A plugin's own metrics (contract 0.3): declared in its description, updated through the
-//! `metrics` host calls, exported on the host's `/metrics` as `wcm_plugin_<plugin>_<name>` while
+//! `metrics` host calls, exported on the host's `/metrics` as `wcm_plugin_<plugin>__<name>` while
 //! the plugin runs, and gone with it.
 //!
 //! The rules of declarations and updates, and the series budget, are `wcm_rules::metrics`
@@ -64,7 +64,7 @@ impl PluginMetrics {
         let decls: Vec<Decl> = metrics.iter().map(decl).collect();
         PluginMetrics {
             plugin: plugin.to_string(),
-            prefix: format!("wcm_plugin_{}_", plugin.replace('-', "_")),
+            prefix: format!("wcm_plugin_{}__", plugin.replace('-', "_")),
             state: Mutex::new(State {
                 series: Series::new(&decls, max_series),
                 last_warning: None,
@@ -111,10 +111,12 @@ impl PluginMetrics {
         self.state().series.refused()
     }
 
+    /// Encodes a copy of the plugin's series (its lock is held only for the copy: its metric
+    /// calls never wait for a scrape).
     fn encode(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let state = self.state();
-        for decl in state.series.decls() {
-            let Some(series) = state.series.values(&decl.name) else {
+        let series = self.state().series.clone();
+        for decl in series.decls() {
+            let Some(values) = series.values(&decl.name) else {
                 continue;
             };
             let full = format!("{}{}", self.prefix, decl.name);
@@ -124,12 +126,12 @@ impl PluginMetrics {
                 Kind::Histogram => MetricType::Histogram,
             };
             let mut family = encoder.encode_descriptor(&full, &decl.help, None, metric_type)?;
-            for (values, value) in series {
+            for (labels, value) in values {
                 let labels: Vec<(String, String)> = decl
                     .labels
                     .iter()
                     .cloned()
-                    .zip(values.iter().cloned())
+                    .zip(labels.iter().cloned())
                     .collect();
                 let metric = family.encode_family(&labels)?;
                 match (value, decl.kind) {
@@ -150,24 +152,6 @@ impl PluginMetrics {
                         )?
                     }
                 }
-            }
-        }
-        let refused = state.series.refused();
-        drop(state);
-        if !refused.is_empty() {
-            let mut family = encoder.encode_descriptor(
-                "wcm_plugin_metric_updates_refused",
-                "Metric updates of a plugin refused by the host, by reason.",
-                None,
-                MetricType::Counter,
-            )?;
-            for (reason, n) in refused {
-                let labels = vec![
-                    ("plugin".to_string(), self.plugin.clone()),
-                    ("reason".to_string(), reason.to_string()),
-                ];
-                let metric = family.encode_family(&labels)?;
-                ConstCounter::new(n).encode(metric)?;
             }
         }
         Ok(())
@@ -199,8 +183,34 @@ impl PluginMetricsSet {
 impl Collector for PluginMetricsSet {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let plugins: Vec<Arc<PluginMetrics>> = self.plugins().values().cloned().collect();
-        for p in plugins {
+        for p in &plugins {
             p.encode(&mut encoder)?;
+        }
+        // One family for every plugin's refusals (a family twice is an invalid page).
+        let refused: Vec<(String, &'static str, u64)> = plugins
+            .iter()
+            .flat_map(|p| {
+                p.refused()
+                    .into_iter()
+                    .map(|(reason, n)| (p.plugin.clone(), reason, n))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if !refused.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "wcm_plugin_metric_updates_refused",
+                "Metric updates of a plugin refused by the host, by reason.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (plugin, reason, n) in refused {
+                let labels = vec![
+                    ("plugin".to_string(), plugin),
+                    ("reason".to_string(), reason.to_string()),
+                ];
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(n).encode(metric)?;
+            }
         }
         Ok(())
     }
@@ -245,19 +255,19 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         assert!(
-            text.contains("wcm_plugin_my_plugin_reconciles_total{result=\"o\\\"k\\n\"} 2"),
+            text.contains("wcm_plugin_my_plugin__reconciles_total{result=\"o\\\"k\\n\"} 2"),
             "{text}"
         );
         assert!(
-            text.contains("wcm_plugin_my_plugin_took_bucket{le=\"1.0\"} 1"),
+            text.contains("wcm_plugin_my_plugin__took_bucket{le=\"1.0\"} 1"),
             "{text}"
         );
         assert!(
-            text.contains("wcm_plugin_my_plugin_took_bucket{le=\"0.1\"} 0"),
+            text.contains("wcm_plugin_my_plugin__took_bucket{le=\"0.1\"} 0"),
             "{text}"
         );
         assert!(
-            text.contains("wcm_plugin_my_plugin_took_bucket{le=\"+Inf\"} 1"),
+            text.contains("wcm_plugin_my_plugin__took_bucket{le=\"+Inf\"} 1"),
             "{text}"
         );
         assert!(

@@ -229,7 +229,7 @@ async fn a_python_plugin_returns_children_updates_its_metrics_and_declares_a_sch
         "{text}"
     );
     assert!(
-        text.contains("wcm_plugin_children_py_children_total"),
+        text.contains("wcm_plugin_children_py__children_total"),
         "{text}"
     );
 
@@ -290,7 +290,7 @@ async fn a_python_plugin_returns_children_updates_its_metrics_and_declares_a_sch
     assert!(cms.get_opt("p-a").await?.is_some());
     let counted = metric(
         &manager,
-        "wcm_plugin_children_py_children_total",
+        "wcm_plugin_children_py__children_total",
         &[("lang", "python")],
     );
     assert!(counted >= 3.0, "{counted}");

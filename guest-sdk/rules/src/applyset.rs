@@ -4,16 +4,24 @@
 //! steps with these decisions:
 //!
 //! 1. [`Parent::read`] the primary; [`prepare`] each child (refused ones are per-child errors).
-//! 2. When the primary does not yet record every kind and namespace of the children, apply
-//!    [`Parent::apply_body`] of the union to it (field manager `wcm:NAME:applyset`).
-//! 3. Apply each child with server-side apply (field manager `wcm:NAME`).
-//! 4. For each recorded kind, in each of [`Parent::scopes`], list with [`Parent::selector`]; delete
-//!    (UID precondition) each item that [`applied_by`] says is ours and that is not wanted.
-//! 5. When nothing failed, apply [`Parent::apply_body`] of what is left.
+//! 2. A primary another tool's ApplySet or another plugin's children hang on is refused
+//!    ([`Parent::claimed_by_other`]). When the primary does not yet record every kind and
+//!    namespace of the children, merge-patch [`Parent::record_patch`] of the union onto it (field
+//!    manager `wcm:NAME:applyset`; with its UID, so it never creates a primary nor writes another
+//!    incarnation).
+//! 3. Apply each child with server-side apply (field manager `wcm:NAME`), unless an object of its
+//!    name exists that this primary does not control (never taken over).
+//! 4. For each recorded kind the plugin declares (one version per group and kind: membership does
+//!    not depend on the version an object is read at), in each of [`Parent::scopes`], list with
+//!    [`Parent::selector`] in pages (at most [`MAX_LISTED`]); delete (UID precondition) each item
+//!    that [`applied_by`] says is ours, that is not wanted and that was not applied just now.
+//! 5. When nothing failed, merge-patch [`Parent::record_patch`] of what is left.
 //!
 //! A prune deletes only an object labelled as a member, controlled by this incarnation of the
 //! primary (owner UID) **and** with fields applied by the plugin's field manager: an object
-//! someone else made with the same label is never deleted.
+//! someone else made with the same label is not deleted. (Someone who may write an object could
+//! forge all three, `managedFields` included; the owner reference alone already hands such an
+//! object to the garbage collector with the primary.)
 
 use std::collections::BTreeSet;
 
@@ -39,6 +47,8 @@ pub const ANNOTATION_NAMESPACES: &str = "applyset.kubernetes.io/additional-names
 /// listed (the KEP's annotation has group and kind only).
 pub const ANNOTATION_KINDS: &str = "wcm.dev/applyset-kinds";
 pub const TOOLING: &str = "wasm-controller-manager/v0.3.0";
+/// The plugin whose children the set holds: one plugin's per primary.
+pub const ANNOTATION_OWNER: &str = "wcm.dev/applyset-plugin";
 /// The field-manager suffix under which the host writes the primary's ApplySet fields.
 pub const PARENT_MANAGER_SUFFIX: &str = "applyset";
 
@@ -69,6 +79,12 @@ impl Gvk {
 
     pub fn is_valid(&self) -> bool {
         names::kind(&self.group, &self.version, &self.kind)
+    }
+
+    /// Group and kind: what membership is keyed by. One object is the same member whatever
+    /// version it is read at (a CRD serving v1alpha1 and v1, HPAs at autoscaling/v1 and v2).
+    pub fn group_kind(&self) -> (String, String) {
+        (self.group.clone(), self.kind.clone())
     }
 
     fn from_api_version(api_version: &str, kind: &str) -> Self {
@@ -122,6 +138,9 @@ pub struct Parent {
     pub namespaces: BTreeSet<String>,
     /// Whether it carries its ApplySet ID label already.
     pub labelled: bool,
+    /// The ApplySet tooling and the plugin the primary names, if any.
+    pub tooling: Option<String>,
+    pub owner: Option<String>,
 }
 
 impl Parent {
@@ -156,17 +175,30 @@ impl Parent {
             &kind.group,
         );
         let annotation = |k: &str| str_at(&v, &["metadata", "annotations", k]).unwrap_or("");
+        // One version per group and kind (the first recorded).
+        let mut seen = BTreeSet::new();
         let kinds = annotation(ANNOTATION_KINDS)
             .split(',')
             .filter_map(Gvk::parse)
+            .filter(|k| seen.insert(k.group_kind()))
             .take(MAX_KINDS)
             .collect();
-        let namespaces = annotation(ANNOTATION_NAMESPACES)
-            .split(',')
-            .filter(|ns| names::dns_label(ns))
-            .take(MAX_NAMESPACES)
-            .map(str::to_string)
-            .collect();
+        // A namespaced primary's children are in its namespace only: nothing else is read.
+        let namespaces = if namespace.is_some() {
+            BTreeSet::new()
+        } else {
+            annotation(ANNOTATION_NAMESPACES)
+                .split(',')
+                .filter(|ns| names::dns_label(ns))
+                .take(MAX_NAMESPACES)
+                .map(str::to_string)
+                .collect()
+        };
+        let text = |k: &str| {
+            let v = annotation(k);
+            (!v.is_empty()).then(|| v.chars().take(253).collect::<String>())
+        };
+        let (tooling, owner) = (text(ANNOTATION_TOOLING), text(ANNOTATION_OWNER));
         let labelled = str_at(&v, &["metadata", "labels", LABEL_ID]) == Some(id.as_str());
         Ok(Parent {
             kind,
@@ -177,7 +209,45 @@ impl Parent {
             kinds,
             namespaces,
             labelled,
+            tooling,
+            owner,
         })
+    }
+
+    /// Why `plugin` may not keep children on this primary: another tool's ApplySet (kubectl's,
+    /// say) or another plugin's children already hang on it. One set per primary, one owner.
+    pub fn claimed_by_other(&self, plugin: &str) -> Option<String> {
+        if let Some(t) = &self.tooling
+            && t != TOOLING
+        {
+            return Some(format!(
+                "the primary is the parent of an ApplySet of another tool ({})",
+                shown(t)
+            ));
+        }
+        match &self.owner {
+            Some(o) if o != plugin => Some(format!(
+                "the primary's children belong to plugin {}: one plugin's children per primary",
+                shown(o)
+            )),
+            _ => None,
+        }
+    }
+
+    /// The kinds recorded and wanted, one version per group and kind: the wanted one where a
+    /// child has the kind, else the recorded one.
+    pub fn kinds_with(&self, wanted: &BTreeSet<Gvk>) -> BTreeSet<Gvk> {
+        let wanted_gk: BTreeSet<(String, String)> = wanted.iter().map(Gvk::group_kind).collect();
+        wanted
+            .iter()
+            .cloned()
+            .chain(
+                self.kinds
+                    .iter()
+                    .filter(|k| !wanted_gk.contains(&k.group_kind()))
+                    .cloned(),
+            )
+            .collect()
     }
 
     /// The controller owner reference each child gets.
@@ -200,11 +270,21 @@ impl Parent {
     /// Whether the primary must be written before children of these kinds and namespaces are
     /// applied (it does not record all of them yet).
     pub fn must_grow(&self, kinds: &BTreeSet<Gvk>, namespaces: &BTreeSet<String>) -> bool {
-        !self.labelled || !kinds.is_subset(&self.kinds) || !namespaces.is_subset(&self.namespaces)
+        !self.labelled
+            || self.owner.is_none()
+            || !kinds.is_subset(&self.kinds)
+            || (self.namespace.is_none() && !namespaces.is_subset(&self.namespaces))
     }
 
-    /// The primary's ApplySet fields for these kinds and namespaces, as a server-side apply body.
-    pub fn apply_body(&self, kinds: &BTreeSet<Gvk>, namespaces: &BTreeSet<String>) -> Value {
+    /// The primary's ApplySet fields for these kinds and namespaces, written by `plugin`, as a
+    /// JSON merge patch: never creates the primary (a deleted one stays deleted), and carries its
+    /// UID, which the API server checks (a new incarnation is not written).
+    pub fn record_patch(
+        &self,
+        plugin: &str,
+        kinds: &BTreeSet<Gvk>,
+        namespaces: &BTreeSet<String>,
+    ) -> Value {
         let group_kinds: BTreeSet<String> = kinds
             .iter()
             .map(|k| {
@@ -218,30 +298,24 @@ impl Parent {
         let gvks: Vec<String> = kinds.iter().map(Gvk::text).collect();
         let mut annotations = json!({
             ANNOTATION_TOOLING: TOOLING,
+            ANNOTATION_OWNER: plugin,
             ANNOTATION_GROUP_KINDS: group_kinds.into_iter().collect::<Vec<_>>().join(","),
             ANNOTATION_KINDS: gvks.join(","),
+            ANNOTATION_NAMESPACES: Value::Null,
         });
         let additional: Vec<&str> = namespaces
             .iter()
             .filter(|ns| Some(ns.as_str()) != self.namespace.as_deref())
             .map(String::as_str)
             .collect();
-        if !additional.is_empty() {
+        if self.namespace.is_none() && !additional.is_empty() {
             annotations[ANNOTATION_NAMESPACES] = json!(additional.join(","));
         }
-        let mut metadata = json!({
-            "name": self.name,
+        json!({"metadata": {
+            "uid": self.uid,
             "labels": {LABEL_ID: self.id},
             "annotations": annotations,
-        });
-        if let Some(ns) = &self.namespace {
-            metadata["namespace"] = json!(ns);
-        }
-        json!({
-            "apiVersion": self.kind.api_version(),
-            "kind": self.kind.kind,
-            "metadata": metadata,
-        })
+        }})
     }
 
     /// Where members of `kind` can be: the primary's namespace; for a cluster-scoped primary, the
@@ -433,6 +507,18 @@ pub fn listed(body: &str) -> Vec<(Value, Option<String>, String, Option<String>)
         .collect()
 }
 
+/// Members listed per kind and scope (pages of [`LIST_PAGE`]): past it the prune stops with an
+/// error rather than hold more in the host's memory.
+pub const MAX_LISTED: usize = 2000;
+pub const LIST_PAGE: u32 = 250;
+
+/// The `continue` token of a List answer, if there are more pages.
+pub fn continue_token(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    let token = v.get("metadata")?.get("continue")?.as_str()?;
+    (!token.is_empty() && token.len() <= 4096).then(|| token.to_string())
+}
+
 /// Whether an API error for a child is one a retry cannot mend (the reconcile's error is then
 /// terminal when every failure is).
 pub fn permanent(code: u16) -> bool {
@@ -537,7 +623,12 @@ mod tests {
             Gvk::new("apps", "v1", "Deployment"),
             Gvk::new("", "v1", "Service"),
         ]);
-        let body = p.apply_body(&kinds, &BTreeSet::new());
+        let body = p.record_patch("foo", &kinds, &BTreeSet::new());
+        assert_eq!(
+            body["metadata"]["uid"],
+            json!(p.uid),
+            "the UID is a precondition"
+        );
         let a = &body["metadata"]["annotations"];
         assert_eq!(a[ANNOTATION_GROUP_KINDS], "Deployment.apps,Service");
         assert_eq!(a[ANNOTATION_KINDS], "/v1/Service,apps/v1/Deployment");
@@ -548,5 +639,44 @@ mod tests {
         .expect("read");
         assert_eq!(reread.kinds, kinds);
         assert!(!reread.must_grow(&kinds, &BTreeSet::new()));
+        assert_eq!(reread.claimed_by_other("foo"), None);
+        assert!(
+            reread.claimed_by_other("bar").is_some(),
+            "another plugin's set"
+        );
+    }
+
+    #[test]
+    fn membership_does_not_depend_on_the_version_a_kind_is_read_at() {
+        // Recorded at v1alpha1 and (forged) at v1beta1; the plugin now returns v1: one version
+        // per kind is listed, the wanted one.
+        let object = json!({"apiVersion":"example.com/v1","kind":"Foo","metadata":{"name":"web","namespace":"team","uid":"0b9d3c1e-1111-2222-3333-444455556666","annotations":{
+            ANNOTATION_KINDS: "example.com/v1alpha1/Database,example.com/v1beta1/Database,/v1/ConfigMap",
+            ANNOTATION_NAMESPACES: "elsewhere",
+        }}});
+        let p = Parent::read(&object.to_string()).expect("read");
+        assert_eq!(p.kinds.len(), 2, "{:?}", p.kinds);
+        assert!(
+            p.namespaces.is_empty(),
+            "a namespaced primary records no other namespace"
+        );
+        let wanted = BTreeSet::from([Gvk::new("example.com", "v1", "Database")]);
+        let kinds = p.kinds_with(&wanted);
+        assert_eq!(
+            kinds,
+            BTreeSet::from([
+                Gvk::new("example.com", "v1", "Database"),
+                Gvk::new("", "v1", "ConfigMap")
+            ])
+        );
+    }
+
+    #[test]
+    fn another_tools_applyset_is_not_taken_over() {
+        let object = json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"parent","namespace":"n","uid":"0b9d3c1e-1111-2222-3333-444455556666","annotations":{
+            ANNOTATION_TOOLING: "kubectl/v1.36",
+        }}});
+        let p = Parent::read(&object.to_string()).expect("read");
+        assert!(p.claimed_by_other("foo").is_some());
     }
 }

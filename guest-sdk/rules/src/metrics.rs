@@ -63,9 +63,17 @@ pub fn declarations(metrics: &[Decl]) -> Result<(), String> {
                 "metric name {named} must be 1-64 lowercase letters, digits and '_', starting with a letter"
             ));
         }
-        if m.kind == Kind::Counter && m.name.ends_with("_total") {
+        if m.name.contains("__") {
             return Err(format!(
-                "counter {named}: the host adds `_total`; declare the name without it"
+                "metric {named}: `__` separates the plugin's name from the metric's in the exported name; a metric name holds none"
+            ));
+        }
+        if let Some(suffix) = ["_total", "_count", "_sum", "_bucket", "_created", "_info"]
+            .iter()
+            .find(|s| m.name.ends_with(*s))
+        {
+            return Err(format!(
+                "metric {named}: a name ending in `{suffix}` would read as a series of another metric (the host adds the suffixes)"
             ));
         }
         if !seen.insert(m.name.as_str()) {
@@ -250,7 +258,13 @@ impl Series {
         }
         let buckets = decl.buckets.clone();
         let kind = decl.kind;
-        let full = self.total >= self.max_series;
+        // What a new series costs in the exposition: one line, or a histogram's buckets, +Inf,
+        // sum and count.
+        let cost = match kind {
+            Kind::Histogram => buckets.len() + 3,
+            _ => 1,
+        };
+        let full = self.total + cost > self.max_series;
         let series = self.values.entry(name.to_string()).or_default();
         if !series.contains_key(labels) {
             if full {
@@ -271,7 +285,7 @@ impl Series {
                 _ => Value::Number(0.0),
             };
             series.insert(labels.to_vec(), fresh);
-            self.total += 1;
+            self.total += cost;
         }
         match (series.get_mut(labels), update) {
             (Some(Value::Number(n)), Update::Add) => *n += value,
@@ -313,7 +327,7 @@ impl Series {
         self.values.get(name)?.get(&labels)
     }
 
-    /// Series in all.
+    /// Series in all (a histogram's count its buckets, +Inf, sum and count).
     pub fn total(&self) -> usize {
         self.total
     }
@@ -344,6 +358,8 @@ mod tests {
         for bad in [
             decl("Bad", Kind::Gauge, &[]),
             decl("x_total", Kind::Counter, &[]),
+            decl("x_count", Kind::Gauge, &[]),
+            decl("x__y", Kind::Gauge, &[]),
             decl("x", Kind::Gauge, &["le"]),
             decl("x", Kind::Gauge, &["a", "a"]),
             decl("x", Kind::Gauge, &["a\nb"]),
@@ -417,7 +433,8 @@ mod tests {
                 "{reason} not counted: {refused:?}"
             );
         }
-        assert_eq!(m.total(), 1);
+        // A histogram series costs its 11 default buckets, +Inf, sum and count.
+        assert_eq!(m.total(), 14);
         // 0.2 falls in the default bucket 0.25 (index 5).
         match m.value("h", &[]) {
             Some(Value::Histogram { counts, count, .. }) => {

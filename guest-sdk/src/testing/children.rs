@@ -41,7 +41,8 @@ impl MockHost {
     }
 
     /// Applies `children` for `request`'s primary and prunes what left the set, as the host does
-    /// after a reconcile; the error the host would make the reconcile's when a child failed.
+    /// after a reconcile (`host/src/sandbox/children.rs`, same steps); the error the host would
+    /// make the reconcile's when a child failed.
     pub(crate) fn settle_children(
         &self,
         request: &Request,
@@ -58,6 +59,17 @@ impl MockHost {
             )));
         }
         let parent = Parent::read(object).map_err(Error::terminal)?;
+        let plugin = self.plugin_name();
+        if let Some(why) = parent.claimed_by_other(&plugin) {
+            self.record_event(
+                &parent_ref(&parent),
+                EventType::Warning,
+                "ChildrenRefused",
+                "Apply",
+                &why,
+            );
+            return Err(Error::terminal(why));
+        }
         let mut failed: Vec<(String, ApiError)> = Vec::new();
         let mut ready: Vec<(Prepared, bool)> = Vec::new();
         let mut wanted = BTreeSet::new();
@@ -65,7 +77,13 @@ impl MockHost {
             let kind = Gvk::new(&child.kind.group, &child.kind.version, &child.kind.kind);
             match applyset::prepare(&parent, &kind, &child.object) {
                 Ok(p) => {
-                    if wanted.insert((p.kind.clone(), p.namespace.clone(), p.name.clone())) {
+                    let m = (
+                        p.kind.group.clone(),
+                        p.kind.kind.clone(),
+                        p.namespace.clone(),
+                        p.name.clone(),
+                    );
+                    if wanted.insert(m) {
                         ready.push((p, child.force));
                     } else {
                         failed.push((p.named(), invalid("returned twice")));
@@ -79,7 +97,8 @@ impl MockHost {
             .iter()
             .filter_map(|(r, _)| r.namespace.clone())
             .collect();
-        let kinds: BTreeSet<Gvk> = parent.kinds.union(&wanted_kinds).cloned().collect();
+        let mut kinds = parent.kinds_with(&wanted_kinds);
+        kinds.retain(|k| wanted_kinds.contains(k) || self.declares_kind(&kind_ref(k)));
         let namespaces: BTreeSet<String> = parent
             .namespaces
             .union(&wanted_namespaces)
@@ -93,10 +112,10 @@ impl MockHost {
             )));
         }
         if parent.must_grow(&wanted_kinds, &wanted_namespaces)
-            && let Err(e) = self.apply_parent(&parent, &kinds, &namespaces)
+            && let Err(e) = self.write_record(&parent, &kinds, &namespaces)
         {
             let message = format!(
-                "recording the ApplySet on the primary (server-side apply of its labels and annotations, which needs patch on the primary's resource) failed: {} {}: {}",
+                "recording the ApplySet on the primary (a merge patch of its labels and annotations, which needs patch on the primary's resource) failed: {} {}: {}",
                 e.code, e.reason, e.message
             );
             return Err(if applyset::permanent(e.code) {
@@ -105,32 +124,49 @@ impl MockHost {
                 Error::retryable(message)
             });
         }
-        let mut failed_kinds: BTreeSet<Gvk> = BTreeSet::new();
+        let mut failed_kinds: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut applied_uids: BTreeSet<String> = BTreeSet::new();
         for (r, force) in &ready {
             let key = ObjectKey {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
             };
+            let existing = self.existing(&kind_ref(&r.kind), &key);
+            if !ours_or_absent(existing.as_deref(), &parent) {
+                failed_kinds.insert(r.kind.group_kind());
+                failed.push((
+                    r.named(),
+                    ApiError::new(
+                        409,
+                        "AlreadyExists",
+                        "an object of that name exists and is not controlled by this primary: it is not taken over",
+                    ),
+                ));
+                continue;
+            }
             let params = PatchParams {
                 force: *force,
                 ..PatchParams::default()
             };
-            if let Err(e) = self.patch(
+            match self.patch(
                 &kind_ref(&r.kind),
                 &key,
                 PatchType::Apply,
                 &r.body.to_string(),
                 &params,
             ) {
-                failed_kinds.insert(r.kind.clone());
-                failed.push((r.named(), e));
+                Ok(body) => applied_uids.extend(uid_of(&body)),
+                Err(e) => {
+                    failed_kinds.insert(r.kind.group_kind());
+                    failed.push((r.named(), e));
+                }
             }
         }
         let manager = self.field_manager(None);
         let mut left = wanted_kinds.clone();
         let mut prune_failed = false;
         for kind in &kinds {
-            if failed_kinds.contains(kind) {
+            if failed_kinds.contains(&kind.group_kind()) {
                 left.insert(kind.clone());
                 continue;
             }
@@ -145,78 +181,108 @@ impl MockHost {
                             .contains(&(kind.group.clone(), kind.kind.clone())),
                 ),
             };
-            for scope in parent.scopes(namespaced, &namespaces) {
-                let params = ListParams {
-                    label_selector: Some(parent.selector()),
-                    ..ListParams::default()
-                };
-                let body = match self.list(&kind_ref(kind), scope.as_deref(), &params) {
-                    Ok(body) => body,
-                    Err(e) if e.code == 404 => continue,
-                    Err(e) if applyset::permanent(e.code) => {
-                        let message: String = e.message.chars().take(600).collect();
-                        self.record_event(
-                            &parent_ref(&parent),
-                            EventType::Warning,
-                            "ChildPruneRefused",
-                            "List",
-                            &format!(
-                                "{} children cannot be pruned: {} {}: {message}",
-                                kind.kind, e.code, e.reason
-                            ),
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        prune_failed = true;
-                        left.insert(kind.clone());
-                        failed.push((format!("pruning {}", kind.kind), e));
-                        continue;
-                    }
-                };
-                for (item, ns, name, uid) in applyset::listed(&body) {
-                    if !applyset::applied_by(&item, &parent, &manager)
-                        || wanted.contains(&(kind.clone(), ns.clone(), name.clone()))
-                    {
-                        continue;
-                    }
-                    let params = DeleteParams {
-                        propagation: Some(Propagation::Background),
-                        precondition_uid: uid,
-                        ..DeleteParams::default()
+            'scopes: for scope in parent.scopes(namespaced, &namespaces) {
+                let mut token: Option<String> = None;
+                let mut listed = 0usize;
+                loop {
+                    let params = ListParams {
+                        label_selector: Some(parent.selector()),
+                        limit: Some(applyset::LIST_PAGE),
+                        continue_token: token.take(),
+                        ..ListParams::default()
                     };
-                    let key = ObjectKey {
-                        namespace: ns,
-                        name: name.clone(),
-                    };
-                    match self.delete(&kind_ref(kind), &key, &params) {
-                        Ok(()) => self.record_event(
-                            &parent_ref(&parent),
-                            EventType::Normal,
-                            "ChildPruned",
-                            "Delete",
-                            &format!(
-                                "{} {} is no longer among the children: deleted",
-                                kind.kind,
-                                wcm_rules::shown(&name)
-                            ),
-                        ),
-                        Err(e) if e.code == 404 || e.code == 409 => {}
+                    let body = match self.list(&kind_ref(kind), scope.as_deref(), &params) {
+                        Ok(body) => body,
+                        Err(e) if e.code == 404 => continue 'scopes,
+                        Err(e) if applyset::permanent(e.code) => {
+                            let message: String = e.message.chars().take(600).collect();
+                            self.record_event(
+                                &parent_ref(&parent),
+                                EventType::Warning,
+                                "ChildPruneRefused",
+                                "List",
+                                &format!(
+                                    "{} children cannot be pruned: {} {}: {message}",
+                                    kind.kind, e.code, e.reason
+                                ),
+                            );
+                            continue 'scopes;
+                        }
                         Err(e) => {
                             prune_failed = true;
                             left.insert(kind.clone());
-                            failed.push((
-                                format!("pruning {} {}", kind.kind, wcm_rules::shown(&name)),
-                                e,
-                            ));
+                            failed.push((format!("pruning {}", kind.kind), e));
+                            continue 'scopes;
                         }
+                    };
+                    let items = applyset::listed(&body);
+                    listed += items.len();
+                    for (item, ns, name, uid) in items {
+                        if !applyset::applied_by(&item, &parent, &manager)
+                            || wanted.contains(&(
+                                kind.group.clone(),
+                                kind.kind.clone(),
+                                ns.clone(),
+                                name.clone(),
+                            ))
+                            || uid.as_ref().is_some_and(|u| applied_uids.contains(u))
+                        {
+                            continue;
+                        }
+                        let params = DeleteParams {
+                            propagation: Some(Propagation::Background),
+                            precondition_uid: uid,
+                            ..DeleteParams::default()
+                        };
+                        let key = ObjectKey {
+                            namespace: ns,
+                            name: name.clone(),
+                        };
+                        match self.delete(&kind_ref(kind), &key, &params) {
+                            Ok(()) => self.record_event(
+                                &parent_ref(&parent),
+                                EventType::Normal,
+                                "ChildPruned",
+                                "Delete",
+                                &format!(
+                                    "{} {} is no longer among the children: deleted",
+                                    kind.kind,
+                                    wcm_rules::shown(&name)
+                                ),
+                            ),
+                            Err(e) if e.code == 404 || e.code == 409 => {}
+                            Err(e) => {
+                                prune_failed = true;
+                                left.insert(kind.clone());
+                                failed.push((
+                                    format!("pruning {} {}", kind.kind, wcm_rules::shown(&name)),
+                                    e,
+                                ));
+                            }
+                        }
+                    }
+                    token = applyset::continue_token(&body);
+                    if token.is_none() {
+                        break;
+                    }
+                    if listed >= applyset::MAX_LISTED {
+                        prune_failed = true;
+                        left.insert(kind.clone());
+                        failed.push((
+                            format!("pruning {}", kind.kind),
+                            invalid(&format!(
+                                "more than {} objects carry this primary's member label: pruning stops there",
+                                applyset::MAX_LISTED
+                            )),
+                        ));
+                        break;
                     }
                 }
             }
         }
         if failed.is_empty() && !prune_failed && (left != kinds || wanted_namespaces != namespaces)
         {
-            let _ = self.apply_parent(&parent, &left, &wanted_namespaces);
+            let _ = self.write_record(&parent, &left, &wanted_namespaces);
         }
         if failed.is_empty() {
             return Ok(());
@@ -250,7 +316,26 @@ impl MockHost {
         })
     }
 
-    fn apply_parent(
+    /// Whether the declared plugin has any permission on this kind's resource (true when
+    /// nothing is declared: `MockHost::new()` checks nothing).
+    fn declares_kind(&self, kind: &KindRef) -> bool {
+        let st = self.state.borrow();
+        let Some(d) = &st.declared else {
+            return true;
+        };
+        let plural = st.plural(kind);
+        d.permissions
+            .iter()
+            .any(|p| p.group == kind.group && (p.resource == plural || p.resource == "*"))
+    }
+
+    /// The object a child would be, if it exists (the cache when the plugin watches the kind,
+    /// else the API store, as the host).
+    fn existing(&self, kind: &KindRef, key: &ObjectKey) -> Option<String> {
+        self.get(kind, key).ok()
+    }
+
+    fn write_record(
         &self,
         parent: &Parent,
         kinds: &BTreeSet<Gvk>,
@@ -258,7 +343,7 @@ impl MockHost {
     ) -> Result<String, ApiError> {
         let params = PatchParams {
             field_manager_suffix: Some(applyset::PARENT_MANAGER_SUFFIX.into()),
-            force: true,
+            force: false,
             dry_run: false,
         };
         let key = ObjectKey {
@@ -268,8 +353,10 @@ impl MockHost {
         self.patch(
             &kind_ref(&parent.kind),
             &key,
-            PatchType::Apply,
-            &parent.apply_body(kinds, namespaces).to_string(),
+            PatchType::Merge,
+            &parent
+                .record_patch(&self.plugin_name(), kinds, namespaces)
+                .to_string(),
             &params,
         )
     }
@@ -337,4 +424,27 @@ impl MockHost {
 
 fn invalid(message: &str) -> ApiError {
     ApiError::new(400, "InvalidChild", message)
+}
+
+fn uid_of(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get("metadata")?.get("uid")?.as_str().map(str::to_string)
+}
+
+/// As the host: an existing object is applied as a child only when this primary controls it.
+fn ours_or_absent(existing: Option<&str>, parent: &Parent) -> bool {
+    let Some(body) = existing else {
+        return true;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return false;
+    };
+    v["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| {
+            refs.iter().any(|o| {
+                o["controller"].as_bool() == Some(true)
+                    && o["uid"].as_str() == Some(parent.uid.as_str())
+            })
+        })
 }

@@ -424,6 +424,11 @@ impl Services {
         self
     }
 
+    /// Whether the plugin declared permissions on this kind (true in a replay, which has no grant).
+    pub(crate) fn covers(&self, kind: &crate::contract::KindKey) -> bool {
+        self.reach.as_ref().is_none_or(|r| r.grants.covers(kind))
+    }
+
     /// Whether a kind is namespaced, as discovery says; none when unknown (or in a replay).
     pub(crate) async fn namespaced(&self, kind: &crate::contract::KindRef) -> Option<bool> {
         let reach = self.reach.as_ref()?;

@@ -20,7 +20,9 @@ use crate::contract::change_filter;
 use crate::contract::isolation::Isolation;
 use crate::contract::mapping::{self, ExtraMapping};
 use crate::contract::validate;
-use crate::contract::{Action, Description, KindKey, KindRef, Mapping, ObjectKey, Request, Watch};
+use crate::contract::{
+    Action, Description, KindKey, KindRef, Mapping, ObjectKey, ReconcileError, Request, Watch,
+};
 use crate::engine::cache::{CachedObject, Key, ObjectStore};
 use crate::engine::informer::{Change, Informer, InformerKey, Informers, canonical_selector};
 use crate::engine::queue::WorkQueue;
@@ -691,11 +693,13 @@ impl Worker {
             },
             object: object.as_ref().map(|o| o.json.to_string()),
             attempt: self.queue.num_requeues(key),
+            // Kept until a reconcile succeeds: a retry still knows its tick.
             scheduled: self
                 .scheduled
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(key),
+                .get(key)
+                .cloned(),
         };
         // Holding the read lock for the call lets a version swap wait for in-flight calls.
         let guard = self.version.read().await;
@@ -731,6 +735,15 @@ impl Worker {
         }
         drop(span);
         drop(guard);
+        if matches!(
+            result,
+            Ok(Ok(_)) | Ok(Err(ReconcileError { terminal: true, .. }))
+        ) {
+            self.scheduled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+        }
         let took = started.elapsed();
         self.settle(key, &req, &v, object.as_ref(), result, took);
     }

@@ -3,8 +3,8 @@
 //! there.
 //!
 //! The catch-up rule (`wcm_rules::schedules::catch_up`): the last tick run of each schedule is
-//! recorded on a Lease of the host's (`wcm-schedules-PLUGIN` in the plugins' identity namespace,
-//! annotation `schedules.wcm.dev/NAME`). A replica that starts leading the plugin (after a
+//! recorded on a Lease of the host's (`wcm-schedules-PLUGIN` in the namespace of its leader
+//! election Leases, else the plugins' identity namespace; annotation `schedules.wcm.dev/NAME`). A replica that starts leading the plugin (after a
 //! restart, a hand-over, or a time when nothing ran) runs the latest tick missed since that record
 //! once, if it is at most the schedule's `catch-up-seconds` old; earlier missed ticks are not run,
 //! and a schedule never run before catches nothing up. A tick is recorded as it is enqueued, so a
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::sync::watch;
 use wcm_rules::schedules::{self, Ticks};
@@ -67,36 +67,45 @@ impl ScheduleRecords {
             .collect())
     }
 
-    /// Records `tick` as the last run of `schedule`.
+    /// Records `tick` as the last run of `schedule`, and drops the records of schedules the plugin
+    /// no longer declares: get, then replace at that resourceVersion (or create), the verbs the
+    /// host's leader-election Role grants on Leases.
     async fn write(
         &self,
         plugin: &str,
         schedule: &str,
         tick: Timestamp,
+        declared: &[String],
     ) -> Result<(), kube::Error> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         let name = Self::lease_name(plugin);
-        let patch = json!({"metadata": {"annotations": {
-            format!("{ANNOTATION_PREFIX}{schedule}"): tick.to_string(),
-        }}});
-        match leases
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 404 => {
+        let pp = PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..PostParams::default()
+        };
+        let key = format!("{ANNOTATION_PREFIX}{schedule}");
+        match leases.get_opt(&name).await? {
+            Some(mut lease) => {
+                let annotations = lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default);
+                annotations.retain(|k, _| {
+                    k.strip_prefix(ANNOTATION_PREFIX)
+                        .is_none_or(|s| declared.iter().any(|d| d == s))
+                });
+                annotations.insert(key, tick.to_string());
+                leases.replace(&name, &pp, &lease).await.map(|_| ())
+            }
+            None => {
                 let lease: Lease = serde_json::from_value(json!({
                     "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "wasm-controller-manager"},
-                        "annotations": patch["metadata"]["annotations"]},
+                        "annotations": {key: tick.to_string()}},
                     "spec": {},
                 }))
                 .map_err(kube::Error::SerdeError)?;
-                let pp = PostParams {
-                    field_manager: Some(MANAGER.into()),
-                    ..PostParams::default()
-                };
                 leases.create(&pp, &lease).await.map(|_| ())
             }
-            other => other.map(|_| ()),
         }
     }
 }
@@ -185,7 +194,12 @@ impl Scheduler {
             };
             let now = Timestamp::now();
             for e in &mut entries {
-                e.last = records.get(&e.decl.name).copied();
+                // A record from the future (a clock ahead, or a hand's edit) would hold every
+                // tick back until then: not trusted past a minute ahead.
+                e.last = records
+                    .get(&e.decl.name)
+                    .copied()
+                    .filter(|t| t.duration_since(now).as_secs() <= 60);
                 if let Some(missed) =
                     schedules::catch_up(&e.ticks, e.last, now, e.decl.catch_up_seconds)
                 {
@@ -262,8 +276,9 @@ impl Scheduler {
         }
         e.last = Some(tick);
         self.metrics.schedule_tick(&self.plugin, &e.decl.name, kind);
+        let declared: Vec<String> = self.schedules.iter().map(|s| s.name.clone()).collect();
         if let Some(r) = &self.records
-            && let Err(err) = r.write(&self.plugin, &e.decl.name, tick).await
+            && let Err(err) = r.write(&self.plugin, &e.decl.name, tick, &declared).await
         {
             tracing::warn!(plugin = %self.plugin, schedule = %e.decl.name, error = %err, "cannot record the tick run: a new leader may catch it up again");
         }

@@ -310,7 +310,11 @@ fn metric_name(plugin: &str, m: &crate::contract::Metric) -> String {
     } else {
         ""
     };
-    format!("wcm_plugin_{}_{}{suffix}", plugin.replace('-', "_"), m.name)
+    format!(
+        "wcm_plugin_{}__{}{suffix}",
+        plugin.replace('-', "_"),
+        m.name
+    )
 }
 
 pub(crate) fn fmt_watch(w: &Watch) -> String {

@@ -15,8 +15,10 @@ use wcm_rules::applyset::{self, Gvk, Parent, Prepared};
 use super::call_ctx::CallCtx;
 use crate::cluster::api::CallOptions;
 use crate::contract::validate;
-use crate::contract::wcm::reconciler::{client, events};
-use crate::contract::{Action, ApiError, KindRef, ObjectKey, Outcome, ReconcileError, Request};
+use crate::contract::wcm::reconciler::{cache, client, events};
+use crate::contract::{
+    Action, ApiError, KindKey, KindRef, ObjectKey, Outcome, ReconcileError, Request,
+};
 
 fn kind_ref(k: &Gvk) -> KindRef {
     KindRef {
@@ -35,6 +37,18 @@ fn parent_key(p: &Parent) -> ObjectKey {
         namespace: p.namespace.clone(),
         name: p.name.clone(),
     }
+}
+
+/// A member as the set knows it: group, kind, namespace and name (not the version).
+type Member = (String, String, Option<String>, String);
+
+fn member(r: &Prepared) -> Member {
+    (
+        r.kind.group.clone(),
+        r.kind.kind.clone(),
+        r.namespace.clone(),
+        r.name.clone(),
+    )
 }
 
 /// What went wrong with one child (or one prune).
@@ -63,6 +77,31 @@ fn error_result(
         terminal,
         retry_after_ms: None,
     }))
+}
+
+fn uid_of(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get("metadata")?.get("uid")?.as_str().map(str::to_string)
+}
+
+/// Whether an existing object may be applied as a child of `parent`: it is controlled by this
+/// incarnation of the primary already. Anything else (another controller's, or nobody's) is not
+/// taken over.
+fn ours_or_absent(existing: Option<&str>, parent: &Parent) -> bool {
+    let Some(body) = existing else {
+        return true;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return false;
+    };
+    v["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| {
+            refs.iter().any(|o| {
+                o["controller"].as_bool() == Some(true)
+                    && o["uid"].as_str() == Some(parent.uid.as_str())
+            })
+        })
 }
 
 impl CallCtx {
@@ -96,15 +135,19 @@ impl CallCtx {
             Ok(p) => p,
             Err(why) => return error_result(why, true),
         };
+        let plugin = self.services.plugin_name().to_string();
+        if let Some(why) = parent.claimed_by_other(&plugin) {
+            self.child_event(&parent, true, "ChildrenRefused", "Apply", why.clone())
+                .await?;
+            return error_result(why, true);
+        }
         let mut failed: Vec<Failed> = Vec::new();
-        // Each child with its own choice of forcing conflicts.
         let mut ready: Vec<(Prepared, bool)> = Vec::new();
-        let mut wanted = BTreeSet::new();
+        let mut wanted: BTreeSet<Member> = BTreeSet::new();
         for child in children {
             match applyset::prepare(&parent, &gvk(&child.kind), &child.object) {
                 Ok(p) => {
-                    let key = (p.kind.clone(), p.namespace.clone(), p.name.clone());
-                    if wanted.insert(key) {
+                    if wanted.insert(member(&p)) {
                         ready.push((p, child.force));
                     } else {
                         failed.push(invalid(p.named(), "returned twice".into()));
@@ -118,7 +161,12 @@ impl CallCtx {
             .iter()
             .filter_map(|(r, _)| r.namespace.clone())
             .collect();
-        let kinds: BTreeSet<Gvk> = parent.kinds.union(&wanted_kinds).cloned().collect();
+        // What the primary records, one version per kind, and only kinds the plugin declared:
+        // a kind someone wrote into the primary's annotation is never resolved or listed.
+        let mut kinds = parent.kinds_with(&wanted_kinds);
+        kinds.retain(|k| {
+            wanted_kinds.contains(k) || self.services.covers(&KindKey::from(&kind_ref(k)))
+        });
         let namespaces: BTreeSet<String> = parent
             .namespaces
             .union(&wanted_namespaces)
@@ -137,27 +185,42 @@ impl CallCtx {
         // The primary records a kind before any child of it exists: a crash between the two
         // cannot leave a child that no prune would find.
         if parent.must_grow(&wanted_kinds, &wanted_namespaces)
-            && let Err(e) = self.apply_parent(&parent, &kinds, &namespaces).await?
+            && let Err(e) = self.record(&parent, &kinds, &namespaces).await?
         {
             return error_result(
                 format!(
-                    "recording the ApplySet on the primary (server-side apply of its labels and annotations, which needs patch on the primary's resource) failed: {} {}: {}",
+                    "recording the ApplySet on the primary (a merge patch of its labels and annotations, which needs patch on the primary's resource) failed: {} {}: {}",
                     e.code, e.reason, e.message
                 ),
                 applyset::permanent(e.code),
             );
         }
-        // Kinds with a child whose apply failed now: not pruned this time (and kept recorded).
-        let mut failed_kinds: BTreeSet<Gvk> = BTreeSet::new();
+        // Group and kind of the children that failed now: not pruned this time (and kept
+        // recorded); UIDs applied now: never deleted by this reconcile.
+        let mut failed_kinds: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut applied_uids: BTreeSet<String> = BTreeSet::new();
         for (r, force) in &ready {
+            let key = ObjectKey {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+            };
+            let existing = self.existing(&kind_ref(&r.kind), &key).await?;
+            if !ours_or_absent(existing.as_deref(), &parent) {
+                failed_kinds.insert(r.kind.group_kind());
+                failed.push(Failed {
+                    child: r.named(),
+                    error: ApiError {
+                        code: 409,
+                        reason: "AlreadyExists".into(),
+                        message: "an object of that name exists and is not controlled by this primary: it is not taken over".into(),
+                    },
+                });
+                continue;
+            }
             let options = client::PatchOptions {
                 field_manager_suffix: None,
                 force: *force,
                 dry_run: false,
-            };
-            let key = ObjectKey {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
             };
             let out = client::Host::patch(
                 self,
@@ -168,20 +231,23 @@ impl CallCtx {
                 options,
             )
             .await?;
-            if let Err(error) = out {
-                failed_kinds.insert(r.kind.clone());
-                failed.push(Failed {
-                    child: r.named(),
-                    error,
-                });
+            match out {
+                Ok(body) => applied_uids.extend(uid_of(&body)),
+                Err(error) => {
+                    failed_kinds.insert(r.kind.group_kind());
+                    failed.push(Failed {
+                        child: r.named(),
+                        error,
+                    });
+                }
             }
         }
         // Prune: the members of every recorded kind that are no longer wanted.
-        let manager = CallOptions::default().field_manager(self.services.plugin_name());
+        let manager = CallOptions::default().field_manager(&plugin);
         let mut left: BTreeSet<Gvk> = wanted_kinds.clone();
         let mut prune_failed = false;
         for kind in &kinds {
-            if failed_kinds.contains(kind) {
+            if failed_kinds.contains(&kind.group_kind()) {
                 left.insert(kind.clone());
                 continue;
             }
@@ -189,74 +255,63 @@ impl CallCtx {
                 Some(_) => Some(true),
                 None => self.services.namespaced(&kind_ref(kind)).await,
             };
-            for scope in parent.scopes(namespaced, &namespaces) {
-                let options = client::ListOptions {
-                    label_selector: Some(parent.selector()),
-                    field_selector: None,
-                    limit: None,
-                    continue_token: None,
-                };
-                let listed = client::Host::list(self, kind_ref(kind), scope, options).await?;
-                let body = match listed {
-                    Ok(body) => body,
-                    // A scope the kind has no objects in (a cluster-scoped kind listed in a
-                    // namespace, say).
-                    Err(e) if e.code == 404 => continue,
-                    // The plugin may not list this kind (any more): its members cannot be
-                    // pruned by it, and no retry changes that. Said once, and the kind leaves
-                    // the record.
-                    Err(e) if applyset::permanent(e.code) => {
-                        let note = format!(
-                            "{} children cannot be pruned: {} {}: {}",
-                            kind.kind,
-                            e.code,
-                            e.reason,
-                            validate::truncate(&e.message, 600)
-                        );
-                        self.child_event(&parent, true, "ChildPruneRefused", "List", note)
-                            .await?;
-                        continue;
-                    }
-                    Err(error) => {
-                        prune_failed = true;
-                        left.insert(kind.clone());
-                        failed.push(Failed {
-                            child: format!("pruning {}", kind.kind),
-                            error,
-                        });
-                        continue;
-                    }
-                };
-                for (item, ns, name, uid) in applyset::listed(&body) {
-                    if !applyset::applied_by(&item, &parent, &manager) {
-                        continue;
-                    }
-                    if wanted.contains(&(kind.clone(), ns.clone(), name.clone())) {
-                        continue;
-                    }
-                    let options = client::DeleteOptions {
-                        propagation: Some(client::Propagation::Background),
-                        precondition_uid: uid,
-                        precondition_resource_version: None,
-                        dry_run: false,
+            'scopes: for scope in parent.scopes(namespaced, &namespaces) {
+                let mut token: Option<String> = None;
+                let mut listed = 0usize;
+                loop {
+                    let options = client::ListOptions {
+                        label_selector: Some(parent.selector()),
+                        field_selector: None,
+                        limit: Some(applyset::LIST_PAGE),
+                        continue_token: token.take(),
                     };
-                    let key = ObjectKey {
-                        namespace: ns,
-                        name: name.clone(),
-                    };
-                    match client::Host::delete(self, kind_ref(kind), key, options).await? {
-                        Ok(()) => {
+                    let page =
+                        client::Host::list(self, kind_ref(kind), scope.clone(), options).await?;
+                    let body = match page {
+                        Ok(body) => body,
+                        // A scope the kind has no objects in (a cluster-scoped kind listed in a
+                        // namespace, say).
+                        Err(e) if e.code == 404 => continue 'scopes,
+                        // The plugin may not list this kind (any more): its members cannot be
+                        // pruned by it, and no retry changes that. Said, and the kind leaves the
+                        // record.
+                        Err(e) if applyset::permanent(e.code) => {
                             let note = format!(
-                                "{} {} is no longer among the children: deleted",
+                                "{} children cannot be pruned: {} {}: {}",
                                 kind.kind,
-                                validate::shown(&name)
+                                e.code,
+                                e.reason,
+                                validate::truncate(&e.message, 600)
                             );
-                            self.child_event(&parent, false, "ChildPruned", "Delete", note)
+                            self.child_event(&parent, true, "ChildPruneRefused", "List", note)
                                 .await?;
+                            continue 'scopes;
                         }
-                        // Gone already, or another incarnation by now.
-                        Err(e) if e.code == 404 || e.code == 409 => {}
                         Err(error) => {
+                            prune_failed = true;
+                            left.insert(kind.clone());
+                            failed.push(Failed {
+                                child: format!("pruning {}", kind.kind),
+                                error,
+                            });
+                            continue 'scopes;
+                        }
+                    };
+                    let items = applyset::listed(&body);
+                    listed += items.len();
+                    for (item, ns, name, uid) in items {
+                        if !applyset::applied_by(&item, &parent, &manager)
+                            || wanted.contains(&(
+                                kind.group.clone(),
+                                kind.kind.clone(),
+                                ns.clone(),
+                                name.clone(),
+                            ))
+                            || uid.as_ref().is_some_and(|u| applied_uids.contains(u))
+                        {
+                            continue;
+                        }
+                        if let Err(error) = self.prune(&parent, kind, ns, &name, uid).await? {
                             prune_failed = true;
                             left.insert(kind.clone());
                             failed.push(Failed {
@@ -265,15 +320,29 @@ impl CallCtx {
                             });
                         }
                     }
+                    token = applyset::continue_token(&body);
+                    if token.is_none() {
+                        break;
+                    }
+                    if listed >= applyset::MAX_LISTED {
+                        prune_failed = true;
+                        left.insert(kind.clone());
+                        failed.push(invalid(
+                            format!("pruning {}", kind.kind),
+                            format!(
+                                "more than {} objects carry this primary's member label: pruning stops there",
+                                applyset::MAX_LISTED
+                            ),
+                        ));
+                        break;
+                    }
                 }
             }
         }
         // The record shrinks to what is left once everything succeeded.
         if failed.is_empty() && !prune_failed && (left != kinds || wanted_namespaces != namespaces)
         {
-            let _ = self
-                .apply_parent(&parent, &left, &wanted_namespaces)
-                .await?;
+            let _ = self.record(&parent, &left, &wanted_namespaces).await?;
         }
         if failed.is_empty() {
             return Ok(Ok(outcome.action));
@@ -306,7 +375,60 @@ impl CallCtx {
         )
     }
 
-    async fn apply_parent(
+    /// The object a child would be, if it exists: from the informer cache when the plugin watches
+    /// the kind (`owns()` does), else an API GET of the plugin's.
+    async fn existing(
+        &mut self,
+        kind: &KindRef,
+        key: &ObjectKey,
+    ) -> wasmtime::Result<Option<String>> {
+        if !self.services.cache_stores(kind).is_empty() {
+            return cache::Host::get(self, kind.clone(), key.clone()).await;
+        }
+        Ok(client::Host::get(self, kind.clone(), key.clone())
+            .await?
+            .ok())
+    }
+
+    /// Deletes a member that left the set (UID precondition), with a Normal event; gone already
+    /// or another incarnation by now is no failure.
+    async fn prune(
+        &mut self,
+        parent: &Parent,
+        kind: &Gvk,
+        namespace: Option<String>,
+        name: &str,
+        uid: Option<String>,
+    ) -> wasmtime::Result<Result<(), ApiError>> {
+        let options = client::DeleteOptions {
+            propagation: Some(client::Propagation::Background),
+            precondition_uid: uid,
+            precondition_resource_version: None,
+            dry_run: false,
+        };
+        let key = ObjectKey {
+            namespace,
+            name: name.to_string(),
+        };
+        match client::Host::delete(self, kind_ref(kind), key, options).await? {
+            Ok(()) => {
+                let note = format!(
+                    "{} {} is no longer among the children: deleted",
+                    kind.kind,
+                    validate::shown(name)
+                );
+                self.child_event(parent, false, "ChildPruned", "Delete", note)
+                    .await?;
+                Ok(Ok(()))
+            }
+            Err(e) if e.code == 404 || e.code == 409 => Ok(Ok(())),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Writes what the primary records of its set (a merge patch with its UID: never creates it,
+    /// never writes another incarnation).
+    async fn record(
         &mut self,
         parent: &Parent,
         kinds: &BTreeSet<Gvk>,
@@ -314,15 +436,16 @@ impl CallCtx {
     ) -> wasmtime::Result<Result<String, ApiError>> {
         let options = client::PatchOptions {
             field_manager_suffix: Some(applyset::PARENT_MANAGER_SUFFIX.into()),
-            force: true,
+            force: false,
             dry_run: false,
         };
+        let plugin = self.services.plugin_name().to_string();
         client::Host::patch(
             self,
             kind_ref(&parent.kind),
             parent_key(parent),
-            client::PatchType::Apply,
-            parent.apply_body(kinds, namespaces).to_string(),
+            client::PatchType::Merge,
+            parent.record_patch(&plugin, kinds, namespaces).to_string(),
             options,
         )
         .await

@@ -357,8 +357,10 @@ impl PluginManager {
             .with_plugin_metrics(plugin_metrics.clone())
             .with_trace_context(description.propagate_trace_context),
         );
-        if let Some(m) = &plugin_metrics {
-            self.parts.metrics.plugin_metrics().insert(&name, m.clone());
+        // The new version's metrics replace the old one's; a version declaring none has none.
+        match &plugin_metrics {
+            Some(m) => self.parts.metrics.plugin_metrics().insert(&name, m.clone()),
+            None => self.parts.metrics.plugin_metrics().forget(&name),
         }
         let sha = compiled.sha256.clone();
         let contract = compiled.contract_version();
