@@ -2,7 +2,8 @@
 //! records the outcome in the annotation named by the config key `annotation`: the status code, or
 //! `error: …` (e.g. when the host refuses a host that is not declared and allowed). Declares the
 //! outbound hosts `127.0.0.1` and `localhost`; the config key `url-key` names the data key holding
-//! the URL (default `url`).
+//! the URL (default `url`). Asks for the trace context on its requests (`traceparent`, when the
+//! host traces).
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
@@ -19,6 +20,7 @@ impl Reconciler for HttpGet {
             .outbound_host("localhost")
             .config_key("annotation")
             .config_key("url-key")
+            .propagate_trace_context()
     }
 
     fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
