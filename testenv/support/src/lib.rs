@@ -18,6 +18,9 @@
 //! [`Registry`] runs a real OCI registry (CNCF distribution) on loopback, with TLS and basic auth
 //! on demand, and pushes wasm components to it ([`registry`]).
 //!
+//! [`Collector`] runs a real OpenTelemetry Collector (OTLP receiver, file exporter) on loopback
+//! and reads back the spans it received ([`otelcol`]).
+//!
 //! [`kustomize()`] renders a kustomization as `kubectl kustomize` does, without kubectl.
 
 pub mod audit;
@@ -28,6 +31,7 @@ mod namespace;
 pub mod node;
 pub mod openstack;
 pub mod openstack_api;
+pub mod otelcol;
 pub mod proxy;
 pub mod registry;
 
@@ -43,6 +47,7 @@ pub use kustomize::kustomize;
 pub use namespace::TestNamespace;
 pub use node::{ImageFile, ImageSpec, Node, NodeStart};
 pub use openstack::{OpenStack, OpenStackInfo, RequestRecord};
+pub use otelcol::{Collector, CollectorOptions, SpanRecord, SpanStatus};
 pub use proxy::CuttableProxy;
 pub use registry::{Registry, RegistryOptions};
 
