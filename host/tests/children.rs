@@ -154,7 +154,8 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
         id
     );
     assert!(
-        managers(&parent.metadata).contains(&(format!("wcm:{PLUGIN}:applyset"), "Apply".into())),
+        // A merge patch (never creates the primary): an Update by the record's field manager.
+        managers(&parent.metadata).contains(&(format!("wcm:{PLUGIN}:applyset"), "Update".into())),
         "{:?}",
         managers(&parent.metadata)
     );

@@ -51,7 +51,10 @@ async fn a_reconcile_arrives_in_the_collector_with_its_host_call_spans_and_trace
     let dir = temp_dir("traces")?;
     install(&dir, "children-probe", "children-probe.wasm")?;
     install(&dir, "http-get", "http-get.wasm")?;
-    std::fs::write(dir.join("http-get.toml"), "allowed_hosts = [\"127.0.0.1\"]\n")?;
+    std::fs::write(
+        dir.join("http-get.toml"),
+        "allowed_hosts = [\"127.0.0.1\"]\n",
+    )?;
     grant_dir(&dir).await?;
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let logs = temp_dir("traces-logs")?;
@@ -80,10 +83,14 @@ async fn a_reconcile_arrives_in_the_collector_with_its_host_call_spans_and_trace
     })
     .await
     .with_context(|| std::fs::read_to_string(logs.join("host.log")).unwrap_or_default())?;
-    let traceparent = eventually("the server saw a traceparent", Duration::from_secs(60), || async {
-        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
-        Ok(seen.into_iter().find(|t| !t.is_empty()))
-    })
+    let traceparent = eventually(
+        "the server saw a traceparent",
+        Duration::from_secs(60),
+        || async {
+            let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+            Ok(seen.into_iter().find(|t| !t.is_empty()))
+        },
+    )
     .await?;
 
     let key = format!("{}/owner", ns.name);
@@ -133,7 +140,10 @@ async fn a_reconcile_arrives_in_the_collector_with_its_host_call_spans_and_trace
         .find(|c| c.name == "patch ConfigMap")
         .context("apply span")?;
     assert_eq!(
-        apply.attributes.get("k8s.namespace.name").map(String::as_str),
+        apply
+            .attributes
+            .get("k8s.namespace.name")
+            .map(String::as_str),
         Some(ns.name.as_str())
     );
 
