@@ -56,6 +56,9 @@ impl Tracing {
             (0.0..=1.0).contains(&settings.sample_ratio),
             "--otlp-sample-ratio must be between 0 and 1"
         );
+        // The exporter's HTTP client is built on rustls without a provider of its own: the
+        // host's (ring), as for its other clients.
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
         let traces = format!("{}/v1/traces", settings.endpoint.trim_end_matches('/'));
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()

@@ -15,7 +15,7 @@ use wcm_rules::applyset::{self, Gvk, Parent, Prepared};
 use super::call_ctx::CallCtx;
 use crate::cluster::api::CallOptions;
 use crate::contract::validate;
-use crate::contract::wcm::reconciler::{cache, client, events};
+use crate::contract::wcm::reconciler::{client, events};
 use crate::contract::{
     Action, ApiError, KindKey, KindRef, ObjectKey, Outcome, ReconcileError, Request,
 };
@@ -204,8 +204,7 @@ impl CallCtx {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
             };
-            let existing = self.existing(&kind_ref(&r.kind), &key).await?;
-            if !ours_or_absent(existing.as_deref(), &parent) {
+            if !self.may_apply(&parent, &kind_ref(&r.kind), &key) {
                 failed_kinds.insert(r.kind.group_kind());
                 failed.push(Failed {
                     child: r.named(),
@@ -375,19 +374,28 @@ impl CallCtx {
         )
     }
 
-    /// The object a child would be, if it exists: from the informer cache when the plugin watches
-    /// the kind (`owns()` does), else an API GET of the plugin's.
-    async fn existing(
-        &mut self,
-        kind: &KindRef,
-        key: &ObjectKey,
-    ) -> wasmtime::Result<Option<String>> {
-        if !self.services.cache_stores(kind).is_empty() {
-            return cache::Host::get(self, kind.clone(), key.clone()).await;
+    /// Whether a child may be applied: no object of its name exists in the plugin's cache, or
+    /// this primary controls the one that does. Read from the informer cache (the kind is
+    /// watched when the plugin `owns()` it; an unwatched kind is not checked), without a call of
+    /// the plugin's; the answer is recorded, so a replay takes the same decision.
+    fn may_apply(&mut self, parent: &Parent, kind: &KindRef, key: &ObjectKey) -> bool {
+        let args = serde_json::json!({
+            "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "key": {"namespace": key.namespace, "name": key.name},
+        });
+        if let Some(answer) = self.replayed("children.may-apply", &args) {
+            return answer.as_bool().unwrap_or(true);
         }
-        Ok(client::Host::get(self, kind.clone(), key.clone())
-            .await?
-            .ok())
+        let stored = crate::cluster::services::store_key(key);
+        let existing = self
+            .services
+            .cache_stores(kind)
+            .iter()
+            .find_map(|s| s.get(&stored))
+            .map(|o| o.json.to_string());
+        let ok = ours_or_absent(existing.as_deref(), parent);
+        self.taped("children.may-apply", args, || serde_json::json!(ok));
+        ok
     }
 
     /// Deletes a member that left the set (UID precondition), with a Normal event; gone already

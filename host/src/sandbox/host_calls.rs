@@ -125,12 +125,12 @@ impl CallCtx {
     }
 
     /// Replaying: the recorded answer to this call.
-    fn replayed(&mut self, call: &str, args: &Value) -> Option<Value> {
+    pub(super) fn replayed(&mut self, call: &str, args: &Value) -> Option<Value> {
         self.tape.as_mut()?.answer(call, args)
     }
 
     /// Recording: notes the call and its answer (made only when recording).
-    fn taped(&mut self, call: &str, args: Value, answer: impl FnOnce() -> Value) {
+    pub(super) fn taped(&mut self, call: &str, args: Value, answer: impl FnOnce() -> Value) {
         if let Some(tape) = self.tape.as_mut() {
             tape.note(call, args, answer());
         }
