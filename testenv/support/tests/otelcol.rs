@@ -182,7 +182,9 @@ fn is_loopback_hex(addr: &str) -> bool {
     let host = addr.split(':').next().unwrap_or_default();
     (host.len() == 8 && host.ends_with("7F"))
         || host == "00000000000000000000000001000000"
-        || (host.len() == 32 && host.starts_with("0000000000000000FFFF0000") && host.ends_with("7F"))
+        || (host.len() == 32
+            && host.starts_with("0000000000000000FFFF0000")
+            && host.ends_with("7F"))
 }
 
 #[tokio::test]
