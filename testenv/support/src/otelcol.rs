@@ -376,7 +376,7 @@ pub fn parse_export_line(line: &str) -> Result<Vec<SpanRecord>> {
     for rs in array(&export, "resourceSpans") {
         let service_name = rs
             .get("resource")
-            .map(|r| attributes(r))
+            .map(attributes)
             .and_then(|mut a| a.remove("service.name"));
         for ss in array(rs, "scopeSpans") {
             let scope_name = ss

@@ -108,7 +108,7 @@ async fn a_malformed_otlp_export_is_refused_with_400_and_nothing_is_recorded() -
     let good = parent_and_child(TRACE_ID, "svc");
     let malformed: [(&str, &[u8]); 4] = [
         ("application/json", br#"{"resourceSpans":[{"#),
-        ("application/json", good[..good.len() / 2].as_bytes()),
+        ("application/json", &good.as_bytes()[..good.len() / 2]),
         ("application/json", br#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"not-hex","spanId":"zz","name":"x"}]}]}]}"#),
         ("application/x-protobuf", b"\xff\xff\xff\xff garbage"),
     ];
