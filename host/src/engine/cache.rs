@@ -56,6 +56,8 @@ pub struct CachedObject {
     pub owners: Vec<Owner>,
     /// The object as JSON, ready to hand to a plugin.
     pub json: Arc<str>,
+    /// Whether the JSON carries `apiVersion` and `kind` (a List's items may not).
+    has_type: bool,
 }
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -122,6 +124,29 @@ impl CachedObject {
         CachedObject::from_parts(parts)
     }
 
+    /// The same object with `apiVersion` and `kind` first, when the API server left them out (the
+    /// items of a List): what a plugin reads, and what the host reads a primary's kind from.
+    pub fn with_type(self: Arc<Self>, api_version: &str, kind: &str) -> Arc<Self> {
+        if self.has_type || !self.json.starts_with('{') {
+            return self;
+        }
+        let rest = &self.json[1..];
+        let sep = if rest.trim_start().starts_with('}') {
+            ""
+        } else {
+            ","
+        };
+        let json = format!(
+            "{{\"apiVersion\":{},\"kind\":{}{sep}{rest}",
+            Value::String(api_version.into()),
+            Value::String(kind.into())
+        );
+        let mut typed = (*self).clone();
+        typed.json = json.into();
+        typed.has_type = true;
+        Arc::new(typed)
+    }
+
     /// Builds the cached form of an object as the API server sent it. `None` for something that
     /// is not an object with a name (e.g. a watch bookmark).
     pub fn from_parts(parts: ObjectParts) -> Option<CachedObject> {
@@ -172,8 +197,12 @@ impl CachedObject {
                 .collect(),
             _ => Vec::new(),
         };
+        let has_type = ["apiVersion", "kind"]
+            .iter()
+            .all(|t| fields.iter().any(|(k, _)| k == t));
         let json: Arc<str> = object_text(&meta_map, &fields)?.into();
         Some(CachedObject {
+            has_type,
             key,
             uid,
             resource_version,
@@ -340,6 +369,33 @@ impl ObjectStore {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_list_item_gets_its_api_version_and_kind() {
+        let item = Arc::new(
+            CachedObject::from_value(
+                serde_json::json!({"metadata": {"name": "a"}, "data": {"k": "v"}}),
+            )
+            .expect("an object"),
+        );
+        let typed = item.with_type("v1", "ConfigMap");
+        let v: Value = serde_json::from_str(&typed.json).expect("JSON");
+        assert_eq!(
+            (v["apiVersion"].as_str(), v["kind"].as_str()),
+            (Some("v1"), Some("ConfigMap"))
+        );
+        assert_eq!(v["data"]["k"], "v");
+        // One that has them keeps its own.
+        let full = Arc::new(
+            CachedObject::from_value(serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "a"}}))
+                .expect("an object"),
+        );
+        assert!(Arc::ptr_eq(
+            &full.clone().with_type("v1", "ConfigMap"),
+            &full
+        ));
+    }
+
     use super::*;
     use serde_json::json;
 

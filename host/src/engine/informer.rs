@@ -325,7 +325,10 @@ async fn run<K>(
         match event {
             Ok(Event::Init) => relist = Some(HashMap::new()),
             Ok(Event::InitApply(o)) => {
-                if let (Some(buf), Some(obj)) = (relist.as_mut(), o.into()) {
+                let obj: Option<Arc<CachedObject>> = o.into();
+                if let (Some(buf), Some(obj)) = (relist.as_mut(), obj) {
+                    // A List's items come without apiVersion and kind.
+                    let obj = obj.with_type(&ar.api_version, &ar.kind);
                     buf.insert(obj.key.clone(), obj);
                 }
             }
@@ -335,9 +338,10 @@ async fn run<K>(
                 shared.synced.send_replace(true);
             }
             Ok(Event::Apply(o)) => {
-                if let Some(obj) = o.into() {
+                let obj: Option<Arc<CachedObject>> = o.into();
+                if let Some(obj) = obj {
                     observer.event(&key, "apply");
-                    apply(&store, &shared, obj);
+                    apply(&store, &shared, obj.with_type(&ar.api_version, &ar.kind));
                 }
             }
             Ok(Event::Delete(o)) => {
