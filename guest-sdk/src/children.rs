@@ -63,6 +63,8 @@ impl Children {
     }
 
     /// Adds a typed object (its `apiVersion` and `kind` are set from its type).
+    // Not `Add`: adding a child can fail (an object that does not serialize).
+    #[allow(clippy::should_implement_trait)]
     pub fn add<K: Resource<DynamicType = ()> + Serialize>(self, object: &K) -> Result<Self, Error> {
         let kind = KindRef::of::<K>();
         let value = serde_json::to_value(object)
