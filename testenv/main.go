@@ -94,11 +94,12 @@ func run(o options) error {
 	})
 	defer shutdown()
 
-	emit(cluster.readyEvent())
-	fmt.Fprintf(os.Stderr, "testenv: kube-apiserver ready at %s\ntestenv: kubeconfig: %s\n", cluster.server(), cluster.kubeconfigPath)
-
+	// The handler is in place before "ready" is printed, so a signal sent as soon as the line
+	// is read still runs the cleanup (Go's default for SIGTERM exits without it).
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	emit(cluster.readyEvent())
+	fmt.Fprintf(os.Stderr, "testenv: kube-apiserver ready at %s\ntestenv: kubeconfig: %s\n", cluster.server(), cluster.kubeconfigPath)
 	commands := make(chan string)
 	if o.stdinControl {
 		go readCommands(commands)

@@ -257,6 +257,12 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let dir = temp_dir("replicas")?;
     install(&dir, "well-behaved", "well-behaved.wasm")?;
+    // Fenced to this test's namespace: the other tests' hosts run a `well-behaved` too and watch
+    // every namespace; without the fence one of them may write this test's annotation.
+    std::fs::write(
+        dir.join("well-behaved.toml"),
+        format!("namespaces = [\"{}\"]\n", ns.name),
+    )?;
     grant_dir(&dir).await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let cm: ConfigMap =
@@ -359,12 +365,13 @@ async fn two_host_processes_hand_over_on_sigkill_and_on_sigterm() -> Result<()> 
 }
 
 /// The holder of each plugin's Lease, as the API server has them.
-/// Plugin `name` in `dir`: a copy of `well-behaved` renamed by its NAME.toml.
-fn add_plugin(dir: &Path, name: &str) -> Result<()> {
+/// Plugin `name` in `dir`: a copy of `well-behaved` renamed by its NAME.toml, fenced to `ns` (the
+/// other tests' hosts watch every namespace too).
+fn add_plugin(dir: &Path, name: &str, ns: &str) -> Result<()> {
     install(dir, "well-behaved", &format!("{name}.wasm"))?;
     std::fs::write(
         dir.join(format!("{name}.toml")),
-        format!("name = \"{name}\"\n"),
+        format!("name = \"{name}\"\nnamespaces = [\"{ns}\"]\n"),
     )?;
     Ok(())
 }
@@ -413,7 +420,7 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
     let dir = temp_dir("per-plugin")?;
     for p in PLUGINS {
-        add_plugin(&dir, p)?;
+        add_plugin(&dir, p, &ns.name)?;
     }
     grant_dir(&dir).await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -616,7 +623,7 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
 
     // Added back: a new election (a new generation in the holder) takes the Lease, and the series
     // is back at 1.
-    add_plugin(&dir, "share-d")?;
+    add_plugin(&dir, "share-d", &ns.name)?;
     eventually(
         "share-d led again, its series back",
         Duration::from_secs(30),

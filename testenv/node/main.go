@@ -78,11 +78,12 @@ func main() {
 	}
 	stop := sync.OnceFunc(n.stop)
 	defer stop()
-	emit(n.readyEvent())
-	fmt.Fprintf(os.Stderr, "testenv-node: node %s ready (logs in %s)\n", o.name, n.dir)
-
+	// The handler is in place before "ready" is printed, so a signal sent as soon as the line
+	// is read still runs the cleanup (Go's default for SIGTERM exits without it).
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	emit(n.readyEvent())
+	fmt.Fprintf(os.Stderr, "testenv-node: node %s ready (logs in %s)\n", o.name, n.dir)
 	commands := make(chan string)
 	if o.stdinControl {
 		go func() {

@@ -162,14 +162,16 @@ func serve(o serveOptions) error {
 		return err
 	}
 	defer s.stop()
-	emit(s.ready())
 
 	quit := make(chan struct{})
 	var once sync.Once
 	done := func() { once.Do(func() { close(quit) }) }
+	// The handler is in place before "ready" is printed: a SIGTERM sent as soon as the line is
+	// read must still remove the directory (Go's default for SIGTERM exits without cleanup).
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() { <-sig; done() }()
+	emit(s.ready())
 	if o.stdinControl {
 		go func() {
 			defer done()
