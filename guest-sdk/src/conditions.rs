@@ -15,6 +15,10 @@
 //! assert!(!conditions::set(&mut list, conditions::new("Ready", false, "Waiting", "quota", Some(2))));
 //! ```
 
+/// `metav1.Condition`. A custom resource's status that holds `Vec<Condition>` and derives
+/// `schemars::JsonSchema` (for its CRD) needs k8s-openapi's `schemars` feature: add
+/// `k8s-openapi = { version = "0.29", default-features = false, features = ["v1_36", "schemars"] }`
+/// to the plugin's dependencies (features unify, so the SDK's copy gets it too).
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

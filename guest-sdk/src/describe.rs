@@ -187,8 +187,9 @@ impl Description {
 
     /// Declares children of kind `K` (returned with [`Action::with_children`]): a secondary watch
     /// of `K` mapped to its controller owner (a child's change wakes its primary), and the calls
-    /// the host makes for them as the plugin: `get`, `list`, `create`, `patch`, `delete` on `K`'s
-    /// resource (a server-side apply that makes an object needs `create`).
+    /// the host makes for them as the plugin: `list`, `create`, `patch`, `delete` on `K`'s resource
+    /// (a server-side apply that makes an object needs `create`), and `get` for the plugin's own
+    /// reads.
     /// Declare `patch` on the primary's resource too: the host records the ApplySet there.
     ///
     /// [`Action::with_children`]: crate::Action::with_children

@@ -89,6 +89,7 @@ pub mod conditions;
 mod context;
 mod describe;
 mod finalizer;
+pub mod helpers;
 mod host;
 pub mod http;
 pub mod logging;

@@ -605,7 +605,11 @@ impl Reconciler for UsesInventory {
         match inventory.owner_of(req.name()) {
             Some(owner) => {
                 let obj = ObjectRef::new(KindRef::of::<ConfigMap>(), req.key.clone());
-                ctx.recorder().event(&obj, "Owned").note(owner).publish();
+                ctx.recorder()
+                    .event(&obj, "Owned")
+                    .action("Assign")
+                    .note(owner)
+                    .publish();
                 Ok(Action::done())
             }
             None => Err(Error::retryable("no owner yet")),

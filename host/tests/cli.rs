@@ -57,6 +57,23 @@ fn inspect_prints_the_declaration() -> Result<()> {
 }
 
 #[test]
+fn inspect_text_shows_a_watchs_change_filter() -> Result<()> {
+    let out = inspect(&common::plugin("status-ignorer")?, false)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let primary = text
+        .lines()
+        .find(|l| l.starts_with("primary"))
+        .unwrap_or_default();
+    assert!(primary.contains("{changes: ignore-status"), "{text}");
+    Ok(())
+}
+
+#[test]
 fn inspect_refuses_bad_files_clearly() -> Result<()> {
     let dir = common::temp_dir("cli")?;
     let junk = dir.join("junk.wasm");

@@ -461,6 +461,32 @@ pub fn prepare(parent: &Parent, kind: &Gvk, object: &str) -> Result<Prepared, (S
     })
 }
 
+/// The `metadata.uid` of an object the API server answered with.
+pub fn uid_of(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    v.get("metadata")?.get("uid")?.as_str().map(str::to_string)
+}
+
+/// Whether an object found under a child's name (`existing`, as JSON; `None`: there is none) may
+/// be applied as a child of `parent`: it is absent, or controlled by this incarnation of the
+/// primary already. Anything else (another controller's, or nobody's) is not taken over.
+pub fn ours_or_absent(existing: Option<&str>, parent: &Parent) -> bool {
+    let Some(body) = existing else {
+        return true;
+    };
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return false;
+    };
+    v["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| {
+            refs.iter().any(|o| {
+                o["controller"].as_bool() == Some(true)
+                    && o["uid"].as_str() == Some(parent.uid.as_str())
+            })
+        })
+}
+
 /// Whether a listed object is one the plugin (field manager `manager`) applied for this primary:
 /// labelled as a member, controlled by the primary's UID, and with fields applied by the manager.
 pub fn applied_by(item: &Value, parent: &Parent, manager: &str) -> bool {

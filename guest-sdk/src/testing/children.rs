@@ -132,7 +132,7 @@ impl MockHost {
                 name: r.name.clone(),
             };
             let existing = self.existing(&kind_ref(&r.kind), &key);
-            if !ours_or_absent(existing.as_deref(), &parent) {
+            if !applyset::ours_or_absent(existing.as_deref(), &parent) {
                 failed_kinds.insert(r.kind.group_kind());
                 failed.push((
                     r.named(),
@@ -155,7 +155,7 @@ impl MockHost {
                 &r.body.to_string(),
                 &params,
             ) {
-                Ok(body) => applied_uids.extend(uid_of(&body)),
+                Ok(body) => applied_uids.extend(applyset::uid_of(&body)),
                 Err(e) => {
                     failed_kinds.insert(r.kind.group_kind());
                     failed.push((r.named(), e));
@@ -329,10 +329,10 @@ impl MockHost {
             .any(|p| p.group == kind.group && (p.resource == plural || p.resource == "*"))
     }
 
-    /// The object a child would be, if it exists (the cache when the plugin watches the kind,
-    /// else the API store, as the host).
+    /// As the host: the object under a child's name, read from the cache of the child's kind
+    /// (watched by `owns()`), not by a call of the plugin (no permission check, not recorded).
     fn existing(&self, kind: &KindRef, key: &ObjectKey) -> Option<String> {
-        self.get(kind, key).ok()
+        self.cache_get(kind, key)
     }
 
     fn write_record(
@@ -424,27 +424,4 @@ impl MockHost {
 
 fn invalid(message: &str) -> ApiError {
     ApiError::new(400, "InvalidChild", message)
-}
-
-fn uid_of(body: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(body).ok()?;
-    v.get("metadata")?.get("uid")?.as_str().map(str::to_string)
-}
-
-/// As the host: an existing object is applied as a child only when this primary controls it.
-fn ours_or_absent(existing: Option<&str>, parent: &Parent) -> bool {
-    let Some(body) = existing else {
-        return true;
-    };
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
-        return false;
-    };
-    v["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|refs| {
-            refs.iter().any(|o| {
-                o["controller"].as_bool() == Some(true)
-                    && o["uid"].as_str() == Some(parent.uid.as_str())
-            })
-        })
 }

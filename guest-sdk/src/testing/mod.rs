@@ -44,10 +44,13 @@
 //! is kept for [`MockHost::http_requests`].
 
 mod children;
+mod cluster;
 mod controller;
 mod patch;
 mod selector;
+mod validation;
 
+pub use cluster::ClusterOps;
 pub use controller::{ControllerRun, ControllerStep, MAX_MOCK_RETRIES};
 
 use std::cell::RefCell;
@@ -1267,8 +1270,8 @@ impl MockHost {
             .map(|i| st.failures.remove(i).1);
         let result = match injected {
             Some(e) => Err(e),
-            None => st
-                .check_permission(record.verb, &record.kind)
+            None => validation::call(&record)
+                .and_then(|()| st.check_permission(record.verb, &record.kind))
                 .and_then(|()| st.check_scope(&record))
                 .and_then(|()| op(&mut st)),
         };
@@ -1313,7 +1316,7 @@ impl MockHost {
         let status = verb == Verb::PatchStatus;
         let manager = self.field_manager(params.field_manager_suffix.as_deref());
         self.call(record, |st| {
-            check_patch_params(patch_type, params)?;
+            validation::patch(patch_type, params)?;
             let out = st.maybe_dry(params.dry_run, |st| {
                 st.patch(kind, key, patch_type, body, status)
             })?;
@@ -1353,7 +1356,10 @@ impl Host for MockHost {
             field_selector: params.field_selector.clone(),
             ..Self::record(Verb::List, kind, namespace, None)
         };
-        self.call(record, |st| st.list(kind, namespace, params))
+        self.call(record, |st| {
+            validation::list(params)?;
+            st.list(kind, namespace, params)
+        })
     }
 
     fn create(
@@ -1420,6 +1426,7 @@ impl Host for MockHost {
             )
         };
         self.call(record, |st| {
+            validation::delete(params)?;
             st.maybe_dry(params.dry_run, |st| st.delete(kind, key, params))
         })
     }
@@ -1466,6 +1473,11 @@ impl Host for MockHost {
         action: &str,
         note: &str,
     ) {
+        if let Err(why) = validation::event(regarding, reason, action) {
+            // As the host: the event is dropped, with a warning.
+            self.log(Level::Warn, &format!("event refused: {why}"), &[]);
+            return;
+        }
         self.state.borrow_mut().events.push(RecordedEvent {
             regarding: regarding.clone(),
             event_type,
@@ -1602,27 +1614,6 @@ fn field_selector(s: &str) -> Result<Vec<FieldRequirement>, ApiError> {
             })
         })
         .collect()
-}
-
-/// What the host refuses in patch options (400), refused here the same way.
-fn check_patch_params(patch_type: PatchType, params: &PatchParams) -> Result<(), ApiError> {
-    if params.force && patch_type != PatchType::Apply {
-        return Err(bad_request("force applies to server-side apply only"));
-    }
-    if let Some(suffix) = &params.field_manager_suffix {
-        // As the host: `wcm:NAME:SUFFIX` stays within the API server's 128.
-        let ok = !suffix.is_empty()
-            && suffix.len() <= 60
-            && suffix
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !ok {
-            return Err(bad_request(format!(
-                "field manager suffix {suffix:?}: must be 1-60 lowercase letters, digits and '-'"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Whether the API server selects `kind` by this field: `metadata.name` and

@@ -118,6 +118,7 @@ pub const FIELD_MANAGER_PREFIX: &str = "wcm:";
 /// The longest field-manager suffix: with the prefix, a plugin name (a DNS label of at most 63)
 /// and the `:`, the API server's 128.
 pub const MAX_FIELD_MANAGER_SUFFIX: usize = 128 - FIELD_MANAGER_PREFIX.len() - 63 - 1;
+const _: () = assert!(MAX_FIELD_MANAGER_SUFFIX == wcm_validate::MAX_FIELD_MANAGER_SUFFIX);
 
 /// An API error as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

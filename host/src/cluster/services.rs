@@ -638,19 +638,6 @@ fn check_request(req: &ApiRequest<'_>) -> Result<(), Invalid> {
 /// The options of an API call (from the guest): each only where its verb takes it, and every string bounded and
 /// of the characters the API server accepts there (they become query parameters).
 fn check_options(o: &CallOptions, verb: Verb) -> Result<(), Invalid> {
-    let printable = |what: &'static str, s: &str, max: usize| {
-        if s.len() > max {
-            return Err(Invalid::new(
-                what,
-                s,
-                format!("must be at most {max} bytes"),
-            ));
-        }
-        if s.chars().any(|c| !c.is_ascii_graphic() && c != ' ') {
-            return Err(Invalid::new(what, s, "must be printable ASCII"));
-        }
-        Ok(())
-    };
     let only = |what: &'static str, set: bool, allowed: bool| {
         if set && !allowed {
             Err(Invalid::new(what, "", "does not apply to this call"))
@@ -678,52 +665,37 @@ fn check_options(o: &CallOptions, verb: Verb) -> Result<(), Invalid> {
         delete,
     )?;
     if let Some(f) = &o.field_selector {
-        printable("field selector", f, 4096)?;
+        validate::field_selector(f)?;
     }
-    if let Some(l) = o.limit
-        && !(1..=10_000).contains(&l)
-    {
-        return Err(Invalid::new("limit", &l.to_string(), "must be 1 to 10000"));
+    if let Some(l) = o.limit {
+        validate::limit(l)?;
     }
     if let Some(t) = &o.continue_token {
-        printable("continue token", t, 8192)?;
+        validate::continue_token(t)?;
     }
     if let Some(m) = &o.field_manager_suffix {
         // `wcm:NAME:SUFFIX`: no ':' in it, and within the API server's 128.
-        let max = crate::cluster::api::MAX_FIELD_MANAGER_SUFFIX;
-        let ok = !m.is_empty()
-            && m.len() <= max
-            && m.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !ok {
-            return Err(Invalid::new(
-                "field manager suffix",
-                m,
-                format!("must be 1-{max} lowercase letters, digits and '-'"),
-            ));
-        }
+        validate::field_manager_suffix(m)?;
     }
     if let Some(u) = &o.precondition_uid {
         validate::uid(u)?;
     }
     if let Some(rv) = &o.precondition_resource_version {
-        printable("precondition resourceVersion", rv, 64)?;
+        validate::precondition_resource_version(rv)?;
     }
     Ok(())
 }
 
 fn check_event(e: &PluginEvent, kind: &KindRef) -> Result<(), String> {
-    validate::kind(kind).map_err(|e| e.to_string())?;
-    if let Some(ns) = &e.namespace {
-        validate::namespace(ns).map_err(|e| e.to_string())?;
-    }
-    validate::name(&e.name).map_err(|e| e.to_string())?;
-    if let Some(uid) = &e.uid {
-        validate::uid(uid).map_err(|e| e.to_string())?;
-    }
-    validate::event_word("reason", &e.reason).map_err(|e| e.to_string())?;
-    validate::event_word("action", &e.action).map_err(|e| e.to_string())?;
-    Ok(())
+    wcm_validate::event(
+        (&kind.group, &kind.version, &kind.kind),
+        e.namespace.as_deref(),
+        &e.name,
+        e.uid.as_deref(),
+        &e.reason,
+        &e.action,
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Turns an object key into the store's key.
@@ -831,5 +803,83 @@ mod option_tests {
             ..CallOptions::default()
         };
         assert!(!ok(long, Verb::List));
+    }
+}
+
+#[cfg(test)]
+mod shared_table_tests {
+    use super::*;
+    use wcm_validate::{BAD_INPUTS, Field};
+
+    /// The table the SDK's MockHost is tested with too (guest-sdk/tests/validation_parity.rs).
+    #[test]
+    fn the_host_refuses_every_value_of_the_table_mockhost_refuses() {
+        for (field, value, what) in BAD_INPUTS {
+            let mut kind = KindRef {
+                group: "apps".into(),
+                version: "v1".into(),
+                kind: "Deployment".into(),
+            };
+            let (mut ns, mut name) = ("default", "web");
+            let mut options = CallOptions::default();
+            let mut verb = Verb::Get;
+            let mut selector = None;
+            let mut event = PluginEvent {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                namespace: Some("default".into()),
+                name: "web".into(),
+                uid: None,
+                warning: false,
+                reason: "Created".into(),
+                action: "Create".into(),
+                note: String::new(),
+            };
+            match field {
+                Field::Namespace => ns = value,
+                Field::Name => name = value,
+                Field::Group => kind.group = value.to_string(),
+                Field::Version => kind.version = value.to_string(),
+                Field::Kind => kind.kind = value.to_string(),
+                Field::LabelSelector => {
+                    verb = Verb::List;
+                    selector = Some(*value);
+                }
+                Field::FieldSelector => {
+                    verb = Verb::List;
+                    options.field_selector = Some(value.to_string());
+                }
+                Field::FieldManagerSuffix => {
+                    verb = Verb::Patch(PatchKind::Merge);
+                    options.field_manager_suffix = Some(value.to_string());
+                }
+                Field::EventReason => event.reason = value.to_string(),
+                Field::EventAction => event.action = value.to_string(),
+                Field::EventUid => event.uid = Some(value.to_string()),
+            }
+            let refused = if matches!(
+                field,
+                Field::EventReason | Field::EventAction | Field::EventUid
+            ) {
+                check_event(&event, &kind).expect_err(&format!("event {field:?} {value:?}"))
+            } else {
+                let req = ApiRequest {
+                    verb,
+                    kind: &kind,
+                    namespace: Some(ns),
+                    name: (verb != Verb::List).then_some(name),
+                    subresource: None,
+                    body: selector,
+                    options: &options,
+                };
+                check_request(&req)
+                    .expect_err(&format!("call {field:?} {value:?}"))
+                    .to_string()
+            };
+            assert!(
+                refused.starts_with(&format!("invalid {what} ")),
+                "{field:?} {value:?}: {refused}"
+            );
+        }
     }
 }

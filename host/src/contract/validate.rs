@@ -4,70 +4,13 @@
 
 use super::{KindRef, ObjectKey};
 
-/// A value from a guest that was refused, and why. Its `Display` is safe to log: the offending
-/// value is quoted with escapes and cut short.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {what} {}: {why}", shown(value))]
-pub struct Invalid {
-    pub what: &'static str,
-    pub value: String,
-    pub why: String,
-}
-
-impl Invalid {
-    pub(crate) fn new(what: &'static str, value: &str, why: impl Into<String>) -> Self {
-        Invalid {
-            what,
-            value: value.chars().take(80).collect(),
-            why: why.into(),
-        }
-    }
-}
-
-/// A guest string as it may appear in a log line or an error: escaped (no newlines or control
-/// characters survive) and at most 80 characters, quoted.
-pub fn shown(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .take(80)
-        .collect::<String>()
-        .escape_debug()
-        .to_string();
-    if s.chars().count() > 80 {
-        out.push('…');
-    }
-    format!("\"{out}\"")
-}
-
-/// A namespace: a DNS-1123 label (lowercase letters, digits, '-'; at most 63).
-pub fn namespace(ns: &str) -> Result<(), Invalid> {
-    dns_label(ns).map_err(|why| Invalid::new("namespace", ns, why))
-}
-
-/// An object name as it may stand in a request path: 1–253 characters from letters, digits and
-/// `-._:`, not `.` or `..` (Kubernetes' path segment rule, minus anything a URL would interpret).
-pub fn name(n: &str) -> Result<(), Invalid> {
-    let bad = |why: &str| Err(Invalid::new("name", n, why));
-    if n.is_empty() {
-        return bad("must not be empty");
-    }
-    if n.len() > 253 {
-        return bad("must be at most 253 characters");
-    }
-    if n == "." || n == ".." {
-        return bad("must not be '.' or '..'");
-    }
-    if let Some(c) = n
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':')))
-    {
-        return bad(&format!(
-            "character {} is not allowed (letters, digits and '-._:' only)",
-            c.escape_debug()
-        ));
-    }
-    Ok(())
-}
+// The checks themselves live in `wcm-validate`, below both the host and the SDK's MockHost, so a
+// plugin's unit test is refused exactly what the host refuses.
+pub use wcm_validate::{
+    Invalid, continue_token, dns_label, dns_subdomain, event_word, field_manager_suffix,
+    field_selector, label_key, label_selector, limit, name, namespace,
+    precondition_resource_version, printable, shown, uid,
+};
 
 /// An object key: its namespace (when given) and its name.
 pub fn object_key(k: &ObjectKey) -> Result<(), Invalid> {
@@ -80,91 +23,7 @@ pub fn object_key(k: &ObjectKey) -> Result<(), Invalid> {
 /// A kind: group a DNS-1123 subdomain or "" (core), version a DNS-1123 label, kind a CamelCase
 /// identifier.
 pub fn kind(k: &KindRef) -> Result<(), Invalid> {
-    if !k.group.is_empty() {
-        dns_subdomain(&k.group).map_err(|why| Invalid::new("API group", &k.group, why))?;
-    }
-    dns_label(&k.version).map_err(|why| Invalid::new("API version", &k.version, why))?;
-    let ok = !k.kind.is_empty()
-        && k.kind.len() <= 63
-        && k.kind.starts_with(|c: char| c.is_ascii_alphabetic())
-        && k.kind.chars().all(|c| c.is_ascii_alphanumeric());
-    if !ok {
-        return Err(Invalid::new(
-            "kind",
-            &k.kind,
-            "must be letters and digits, starting with a letter, at most 63",
-        ));
-    }
-    Ok(())
-}
-
-/// A label selector in the API server's syntax (parsed, so nothing but a selector reaches a query).
-pub fn label_selector(s: &str) -> Result<(), Invalid> {
-    if s.len() > 4096 {
-        return Err(Invalid::new(
-            "label selector",
-            s,
-            "must be at most 4096 bytes",
-        ));
-    }
-    crate::selector::Selector::parse(s).map_err(|e| Invalid::new("label selector", s, e))?;
-    Ok(())
-}
-
-/// A label key: an optional DNS-subdomain prefix and `/`, then a name of 1–63 letters, digits and
-/// `-_.`, starting and ending with a letter or digit.
-pub fn label_key(k: &str) -> Result<(), Invalid> {
-    let (prefix, name) = match k.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, k),
-    };
-    if let Some(p) = prefix {
-        dns_subdomain(p).map_err(|why| Invalid::new("label key prefix", k, why))?;
-    }
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if !ok {
-        return Err(Invalid::new(
-            "label key",
-            k,
-            "the name must be 1-63 letters, digits and '-_.', starting and ending with a letter or digit",
-        ));
-    }
-    Ok(())
-}
-
-/// A UID as the API server makes them (a UUID; letters, digits and '-', at most 128).
-pub fn uid(u: &str) -> Result<(), Invalid> {
-    let ok =
-        !u.is_empty() && u.len() <= 128 && u.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-    if ok {
-        Ok(())
-    } else {
-        Err(Invalid::new("uid", u, "must be letters, digits and '-'"))
-    }
-}
-
-/// An event's reason or action: 1–128 characters from letters, digits and `-._:` (the API server
-/// allows 128; CamelCase words are the convention).
-pub fn event_word(what: &'static str, s: &str) -> Result<(), Invalid> {
-    let ok = !s.is_empty()
-        && s.len() <= 128
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            what,
-            s,
-            "must be 1-128 characters from letters, digits and '-._:'",
-        ))
-    }
+    wcm_validate::kind(&k.group, &k.version, &k.kind)
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
@@ -312,29 +171,6 @@ pub fn description(d: &super::Description) -> Result<(), String> {
     super::mapping::mappings(d).map_err(|e| format!("plugin {name}: {e}"))?;
     super::isolation::declared(d).map_err(|e| format!("plugin {name}: {e}"))?;
     Ok(())
-}
-
-fn dns_label(s: &str) -> Result<(), &'static str> {
-    if s.is_empty() || s.len() > 63 {
-        return Err("must be 1-63 characters");
-    }
-    if !s
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err("must be lowercase letters, digits and '-'");
-    }
-    if s.starts_with('-') || s.ends_with('-') {
-        return Err("must start and end with a letter or digit");
-    }
-    Ok(())
-}
-
-fn dns_subdomain(s: &str) -> Result<(), &'static str> {
-    if s.is_empty() || s.len() > 253 {
-        return Err("must be 1-253 characters");
-    }
-    s.split('.').try_for_each(dns_label)
 }
 
 #[cfg(test)]

@@ -195,8 +195,15 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
             None => format!("{:.1} ms", compiled.load_time.as_secs_f64() * 1000.0),
         },
     );
-    line(&mut out, "primary", fmt_watch(&d.primary));
-    for s in &d.secondaries {
+    // Checked when the file was described: a description that got here has valid filters.
+    let filters = crate::contract::change_filter::filters(&d).unwrap_or_default();
+    let filter_of = |i: usize| filters.get(i).copied().unwrap_or_default();
+    line(
+        &mut out,
+        "primary",
+        format!("{}{}", fmt_watch(&d.primary), fmt_filter(filter_of(0))),
+    );
+    for (i, s) in d.secondaries.iter().enumerate() {
         let m = report["secondaries"]
             .as_array()
             .and_then(|a| a.iter().find(|v| v["kind"] == s.watch.kind.kind))
@@ -205,7 +212,11 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         line(
             &mut out,
             "secondary",
-            format!("{} → {m}", fmt_watch(&s.watch)),
+            format!(
+                "{} → {m}{}",
+                fmt_watch(&s.watch),
+                fmt_filter(filter_of(i + 1))
+            ),
         );
     }
     line(
@@ -317,6 +328,18 @@ fn metric_name(plugin: &str, m: &crate::contract::Metric) -> String {
     )
 }
 
+/// What wakes the plugin beyond creations, deletions and resyncs, when a watch filters updates.
+fn fmt_filter(f: crate::contract::change_filter::ChangeFilter) -> &'static str {
+    use crate::contract::change_filter::ChangeFilter;
+    match f {
+        ChangeFilter::All => "",
+        ChangeFilter::IgnoreStatus => " {changes: ignore-status: status-only updates do not wake}",
+        ChangeFilter::Generation => {
+            " {changes: generation: only spec, deletion and finalizer changes wake}"
+        }
+    }
+}
+
 pub(crate) fn fmt_watch(w: &Watch) -> String {
     let mut s = if w.kind.group.is_empty() {
         format!("{}/{}", w.kind.version, w.kind.kind)
@@ -333,4 +356,17 @@ pub(crate) fn fmt_watch(w: &Watch) -> String {
         s.push_str(" (metadata only)");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::change_filter::ChangeFilter;
+
+    #[test]
+    fn the_text_report_shows_each_watchs_change_filter() {
+        assert_eq!(fmt_filter(ChangeFilter::All), "");
+        assert!(fmt_filter(ChangeFilter::IgnoreStatus).contains("ignore-status"));
+        assert!(fmt_filter(ChangeFilter::Generation).contains("generation"));
+    }
 }

@@ -265,8 +265,32 @@ pub fn render(out: &RbacOutput) -> Result<String> {
     for n in &out.notes {
         text.push_str(&format!("# note: {n}\n"));
     }
-    text.push_str(&rbac::to_yaml(&out.objects).context("render YAML")?);
+    let mut objects = namespaces_of(&out.objects);
+    objects.extend(out.objects.iter().cloned());
+    text.push_str(&rbac::to_yaml(&objects).context("render YAML")?);
     Ok(text)
+}
+
+/// A Namespace object for each namespace the objects name (but the cluster's own), so that
+/// `kubectl apply -f` of the printed YAML works on a fresh cluster: kubectl applies in order, and
+/// a Role in a missing namespace is refused.
+fn namespaces_of(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let mut names: Vec<&str> = objects
+        .iter()
+        .filter_map(|o| o["metadata"]["namespace"].as_str())
+        .filter(|ns| {
+            !matches!(
+                *ns,
+                "default" | "kube-system" | "kube-public" | "kube-node-lease"
+            )
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|ns| serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+        .collect()
 }
 
 /// Applies the objects with server-side apply (field manager `wasm-controller-manager-rbac`),
@@ -318,4 +342,31 @@ pub async fn apply(client: &kube::Client, objects: &[serde_json::Value]) -> Resu
             .with_context(|| format!("apply {} {name}", types.kind))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod namespace_tests {
+    use super::*;
+
+    #[test]
+    fn the_printed_yaml_creates_each_namespace_before_what_lives_in_it() {
+        let out = RbacOutput {
+            objects: vec![
+                serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "a", "namespace": "wcm-system"}}),
+                serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r", "namespace": "default"}}),
+            ],
+            notes: Vec::new(),
+        };
+        let text = render(&out).expect("renders");
+        let ns = text.find("kind: Namespace").expect(&text);
+        assert!(
+            ns < text.find("kind: ServiceAccount").expect(&text),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("kind: Namespace").count(),
+            1,
+            "not default: {text}"
+        );
+    }
 }

@@ -79,31 +79,6 @@ fn error_result(
     }))
 }
 
-fn uid_of(body: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(body).ok()?;
-    v.get("metadata")?.get("uid")?.as_str().map(str::to_string)
-}
-
-/// Whether an existing object may be applied as a child of `parent`: it is controlled by this
-/// incarnation of the primary already. Anything else (another controller's, or nobody's) is not
-/// taken over.
-fn ours_or_absent(existing: Option<&str>, parent: &Parent) -> bool {
-    let Some(body) = existing else {
-        return true;
-    };
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
-        return false;
-    };
-    v["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|refs| {
-            refs.iter().any(|o| {
-                o["controller"].as_bool() == Some(true)
-                    && o["uid"].as_str() == Some(parent.uid.as_str())
-            })
-        })
-}
-
 impl CallCtx {
     /// Applies the children of `outcome` for `req`'s primary and prunes the ones gone from the
     /// set; the reconcile's result: its action, or an error naming each child that failed
@@ -231,7 +206,7 @@ impl CallCtx {
             )
             .await?;
             match out {
-                Ok(body) => applied_uids.extend(uid_of(&body)),
+                Ok(body) => applied_uids.extend(applyset::uid_of(&body)),
                 Err(error) => {
                     failed_kinds.insert(r.kind.group_kind());
                     failed.push(Failed {
@@ -393,7 +368,7 @@ impl CallCtx {
             .iter()
             .find_map(|s| s.get(&stored))
             .map(|o| o.json.to_string());
-        let ok = ours_or_absent(existing.as_deref(), parent);
+        let ok = applyset::ours_or_absent(existing.as_deref(), parent);
         self.taped("children.may-apply", args, || serde_json::json!(ok));
         ok
     }

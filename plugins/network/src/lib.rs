@@ -23,7 +23,6 @@ pub mod types;
 
 use std::time::Duration;
 
-use serde_json::json;
 use wcm_sdk::prelude::*;
 use wcm_sdk::{Changes, describe_config};
 
@@ -131,20 +130,9 @@ fn regarding(n: &Network) -> ObjectRef {
     ObjectRef::from_obj(n)
 }
 
-/// Writes the status when it differs from what the object has.
+/// Writes the status when it differs from what the object has (a cleared id is written as null).
 fn write_status(api: &Api<Network>, n: &Network, status: NetworkStatus) -> Result<(), Error> {
-    if n.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let name = n.metadata.name.as_deref().unwrap_or_default();
-    let mut body = serde_json::to_value(&status)?;
-    // In a merge patch an absent field is left as it was: a cleared id must be written as null.
-    for field in ["networkId", "subnetId"] {
-        if body.get(field).is_none() {
-            body[field] = serde_json::Value::Null;
-        }
-    }
-    api.patch_status(name, &Patch::Merge(json!({ "status": body })))?;
+    wcm_sdk::helpers::write_status_if_changed(api, n, &status)?;
     Ok(())
 }
 
