@@ -49,7 +49,18 @@ func startCluster(o options, dir string) (*cluster, error) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(files.caPEM)
 
-	etcd, etcdURL, err := startEtcd(dir, o.etcdPort, o.readyTimeout)
+	// As for the apiserver below: a port picked as free can be taken before etcd listens on it
+	// (seen in CI); with automatic ports, pick again.
+	var etcd *embed.Etcd
+	var etcdURL string
+	for i := 0; i < 3; i++ {
+		etcd, etcdURL, err = startEtcd(dir, o.etcdPort, o.readyTimeout)
+		if err == nil || o.etcdPort != 0 || !errors.Is(err, errPortInUse) {
+			break
+		}
+		// etcd may have written its data directory before it failed to listen.
+		os.RemoveAll(filepath.Join(dir, "etcd"))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +134,7 @@ func startEtcd(dir string, port int, timeout time.Duration) (*embed.Etcd, string
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		if isAddrInUse(err) {
-			return nil, "", fmt.Errorf("port clash: etcd cannot listen on 127.0.0.1:%d: %w", port, err)
+			return nil, "", fmt.Errorf("port clash: etcd cannot listen on 127.0.0.1:%d: %w (%w)", port, errPortInUse, err)
 		}
 		return nil, "", fmt.Errorf("start etcd: %w", err)
 	}

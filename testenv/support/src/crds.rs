@@ -7,13 +7,16 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 
-/// Server-side applies every `*.yaml` CRD in `dir` and waits for each to be Established.
+/// Server-side applies every `*.yaml` (or `*.json`) CRD in `dir` and waits for each to be Established.
 pub async fn install_all(client: &kube::Client, dir: &Path) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("read {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+        })
         .collect();
     files.sort();
     for file in files {
