@@ -346,7 +346,7 @@ impl RbacArgs {
             },
         };
         let Some(path) = &self.kubeconfig else {
-            return render(&generate(&req, None).await?);
+            return render(&generate(&req, None).await?, None);
         };
         let config = app::kube_config(Some(path)).await?;
         let client = kube::Client::try_from(config)?;
@@ -359,7 +359,8 @@ impl RbacArgs {
             wasm_controller_manager::loading::rbac::apply(&client, &out.objects).await?;
             return Ok(format!("applied {} objects\n", out.objects.len()));
         }
-        render(&out)
+        let existing = wasm_controller_manager::loading::rbac::existing_namespaces(&client).await?;
+        render(&out, Some(&existing))
     }
 }
 

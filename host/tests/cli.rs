@@ -360,3 +360,105 @@ fn an_unreachable_api_server_is_retried_with_a_clear_log_line() -> Result<()> {
     );
     Ok(())
 }
+
+/// What a newcomer does on a fresh cluster: `rbac --kubeconfig … > grant.yaml; kubectl apply -f
+/// grant.yaml`. The namespaces the cluster lacks (the plugins' identity namespace and where the
+/// plugin acts) come first as Namespace objects, so the apply succeeds; a namespace that exists,
+/// with labels of its own, is not printed, so the apply leaves its labels alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn rbac_output_applies_with_kubectl_on_a_cluster_lacking_its_namespaces() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::Role;
+    use kube::Api;
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        println!("kubectl is not installed: the apply with kubectl is not tried");
+        return Ok(());
+    }
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
+    let suffix = std::process::id();
+    let (identity_ns, acting_ns) = (
+        format!("fresh-ids-{suffix}"),
+        format!("fresh-acts-{suffix}"),
+    );
+    // A namespace that exists, labelled by someone else: it must keep its label.
+    let labelled = env.namespace("rbac-labelled").await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            &labelled.name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted"}}})),
+        )
+        .await?;
+    let dir = common::temp_dir("rbac-fresh")?;
+    common::install(&dir, "well-behaved", "well-behaved.wasm")?;
+    std::fs::write(
+        dir.join("well-behaved.toml"),
+        format!("namespaces = [\"{acting_ns}\", \"{}\"]\n", labelled.name),
+    )?;
+    let out = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
+        .arg("rbac")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--plugin-identity-namespace", &identity_ns])
+        .arg("--host-service-account")
+        .arg(format!("{identity_ns}/host"))
+        .arg(dir.join("well-behaved.wasm"))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.matches("kind: Namespace").count(),
+        2,
+        "the two missing namespaces, not the existing one: {text}"
+    );
+    for ns in [&identity_ns, &acting_ns] {
+        assert!(
+            text.contains(&format!("kind: Namespace\nmetadata:\n  name: {ns}\n")),
+            "{text}"
+        );
+    }
+    let file = dir.join("grant.yaml");
+    std::fs::write(&file, &text)?;
+    let applied = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["apply", "-f"])
+        .arg(&file)
+        .output()?;
+    assert!(
+        applied.status.success(),
+        "kubectl apply -f: {}\n{text}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), &identity_ns);
+    assert!(sa.get_opt("wcm-plugin-well-behaved").await?.is_some());
+    let roles: Api<Role> = Api::namespaced(client.clone(), &acting_ns);
+    assert!(!roles.list(&Default::default()).await?.items.is_empty());
+    let still = namespaces.get(&labelled.name).await?;
+    assert_eq!(
+        still
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("restricted")
+    );
+    for ns in [&identity_ns, &acting_ns] {
+        let _ = namespaces.delete(ns, &Default::default()).await;
+    }
+    Ok(())
+}

@@ -3,6 +3,7 @@
 //! NAME.toml). Watched kinds are resolved to resources through the cluster's discovery when one is
 //! given, else by kube's pluralisation of the kind (printed as a comment to review).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -259,23 +260,40 @@ async fn resolve(
     })
 }
 
-/// The YAML stream, with the notes as comments first.
-pub fn render(out: &RbacOutput) -> Result<String> {
+/// The YAML stream, with the notes as comments first. `existing` is the cluster's namespaces when
+/// one was given: each namespace the objects name that it lacks is printed as a Namespace before
+/// them, so that `kubectl apply -f` works on a fresh cluster (kubectl applies in order, and a Role
+/// in a missing namespace is refused). A namespace that exists is never printed: applying a bare
+/// Namespace over one that is managed elsewhere would take its labels away (Pod Security, what
+/// NetworkPolicies select). Without a cluster the namespaces needed are named in a note.
+pub fn render(out: &RbacOutput, existing: Option<&BTreeSet<String>>) -> Result<String> {
+    let needed = namespaces_named(&out.objects);
+    let mut notes = out.notes.clone();
+    let mut objects = Vec::new();
+    match existing {
+        Some(existing) => {
+            for ns in needed.iter().filter(|ns| !existing.contains(*ns)) {
+                objects.push(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+            }
+        }
+        None if !needed.is_empty() => notes.push(format!(
+            "these namespaces must exist before this is applied (with --kubeconfig the missing ones are printed as Namespace objects): {}",
+            needed.iter().cloned().collect::<Vec<_>>().join(", ")
+        )),
+        None => {}
+    }
     let mut text = String::new();
-    for n in &out.notes {
+    for n in &notes {
         text.push_str(&format!("# note: {n}\n"));
     }
-    let mut objects = namespaces_of(&out.objects);
     objects.extend(out.objects.iter().cloned());
     text.push_str(&rbac::to_yaml(&objects).context("render YAML")?);
     Ok(text)
 }
 
-/// A Namespace object for each namespace the objects name (but the cluster's own), so that
-/// `kubectl apply -f` of the printed YAML works on a fresh cluster: kubectl applies in order, and
-/// a Role in a missing namespace is refused.
-fn namespaces_of(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {
-    let mut names: Vec<&str> = objects
+/// The namespaces the objects live in, but the cluster's own (which always exist).
+fn namespaces_named(objects: &[serde_json::Value]) -> BTreeSet<String> {
+    objects
         .iter()
         .filter_map(|o| o["metadata"]["namespace"].as_str())
         .filter(|ns| {
@@ -284,13 +302,23 @@ fn namespaces_of(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {
                 "default" | "kube-system" | "kube-public" | "kube-node-lease"
             )
         })
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-        .into_iter()
-        .map(|ns| serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+        .map(str::to_string)
         .collect()
+}
+
+/// The namespaces the cluster has (their names only).
+pub async fn existing_namespaces(client: &kube::Client) -> Result<BTreeSet<String>> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: kube::Api<kube::core::PartialObjectMeta<Namespace>> = kube::Api::all(client.clone());
+    let list = api
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .context("list namespaces")?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect())
 }
 
 /// Applies the objects with server-side apply (field manager `wasm-controller-manager-rbac`),
@@ -348,16 +376,21 @@ pub async fn apply(client: &kube::Client, objects: &[serde_json::Value]) -> Resu
 mod namespace_tests {
     use super::*;
 
-    #[test]
-    fn the_printed_yaml_creates_each_namespace_before_what_lives_in_it() {
-        let out = RbacOutput {
+    fn objects() -> RbacOutput {
+        RbacOutput {
             objects: vec![
                 serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "a", "namespace": "wcm-system"}}),
                 serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r", "namespace": "default"}}),
+                serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r", "namespace": "payments"}}),
             ],
             notes: Vec::new(),
-        };
-        let text = render(&out).expect("renders");
+        }
+    }
+
+    #[test]
+    fn a_namespace_the_cluster_lacks_is_printed_before_what_lives_in_it() {
+        let existing = BTreeSet::from(["payments".to_string()]);
+        let text = render(&objects(), Some(&existing)).expect("renders");
         let ns = text.find("kind: Namespace").expect(&text);
         assert!(
             ns < text.find("kind: ServiceAccount").expect(&text),
@@ -366,7 +399,22 @@ mod namespace_tests {
         assert_eq!(
             text.matches("kind: Namespace").count(),
             1,
-            "not default: {text}"
+            "only wcm-system: not default, not the existing payments: {text}"
+        );
+        assert!(text.contains("name: wcm-system"), "{text}");
+    }
+
+    #[test]
+    fn without_a_cluster_no_namespace_is_printed_but_a_note_names_them() {
+        let text = render(&objects(), None).expect("renders");
+        assert_eq!(text.matches("kind: Namespace").count(), 0, "{text}");
+        let note = text
+            .lines()
+            .find(|l| l.contains("must exist"))
+            .expect(&text);
+        assert!(
+            note.starts_with("# note:") && note.ends_with("payments, wcm-system"),
+            "{note}"
         );
     }
 }
