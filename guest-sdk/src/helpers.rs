@@ -67,6 +67,11 @@ pub fn is_controlled_by<C: Resource, O: Resource>(child: &C, owner: &O) -> bool 
 /// the plugin's fields win over other managers'). Send only the fields the plugin owns: a field
 /// it applied before and leaves out now is removed. `apiVersion` and `kind` are set from `K`.
 /// Needs the `patch` permission on the kind.
+///
+/// An object read back from the cluster or the cache (it has a `resourceVersion` or
+/// `managedFields`) is refused with 400: applied whole and forced, it would make the plugin the
+/// owner of every field in it (other controllers' finalizers, labels and status), and a later
+/// apply without them would remove them. Build the object fresh, with only the plugin's fields.
 pub fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, ApiError>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
@@ -84,6 +89,17 @@ where
         .name
         .clone()
         .ok_or_else(|| ApiError::new(400, "BadRequest", "the object to apply has no name"))?;
+    let meta = obj.meta();
+    if meta.resource_version.is_some() || meta.managed_fields.is_some() {
+        return Err(ApiError::new(
+            400,
+            "BadRequest",
+            &format!(
+                "{} {name:?} was read from the cluster (it has a resourceVersion or managedFields): apply only the fields the plugin owns, in an object built for the apply",
+                K::kind(&())
+            ),
+        ));
+    }
     let mut body = serde_json::to_value(obj).map_err(ApiError::serialization)?;
     if let Value::Object(m) = &mut body {
         m.insert(
@@ -112,6 +128,10 @@ where
 /// it; then creates it, replaces it when `mutate` changed it, or does nothing. Returns the object
 /// and what was done. A replace races with other writers (409 conflict, retryable); prefer
 /// [`apply`] when the plugin owns a set of fields.
+///
+/// The replace sends the object as `K` read it: a field `K` does not know (a newer field of a
+/// built-in kind than the SDK's k8s-openapi has, a custom resource field missing from the struct)
+/// is not sent and so is cleared. Use it for kinds whose every field `K` holds.
 pub fn create_or_update<K>(
     api: &Api<K>,
     name: &str,
@@ -155,6 +175,11 @@ pub enum Outcome {
 /// Writes `status` to `obj`'s status subresource only when it differs from what `obj` has, as a
 /// merge patch that also clears what the new status leaves out (`null` for each removed field).
 /// Returns whether it wrote. Needs the `patch` permission on `"<plural>/status"`.
+///
+/// The patch carries `obj`'s `resourceVersion`: when the object changed since `obj` was read (a
+/// cache a moment behind, another writer's status), the API server answers 409 Conflict and the
+/// reconcile is retried with the object as it is now, rather than clearing what it did not see.
+/// Build `status` from `obj`'s status.
 pub fn write_status_if_changed<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<bool, ApiError>
 where
     K: Resource + Serialize + DeserializeOwned,
@@ -175,6 +200,12 @@ where
         return Ok(false);
     }
     let mut patch = Map::new();
+    if let Some(rv) = &obj.meta().resource_version {
+        patch.insert(
+            "metadata".into(),
+            serde_json::json!({"resourceVersion": rv}),
+        );
+    }
     patch.insert("status".into(), merge_diff(&old, &new));
     api.patch_status(&name, &Patch::Merge(Value::Object(patch)))?;
     Ok(true)

@@ -167,6 +167,56 @@ fn a_child_of_an_undeclared_kind_fails_alone_with_an_event_and_a_terminal_error(
 }
 
 #[test]
+fn an_object_made_before_the_cache_saw_it_is_not_taken_over_and_the_primarys_own_is_applied_with_its_uid()
+ {
+    let host = MockHost::for_reconciler::<Owner>();
+    host.seed(&deployment(json!({})));
+    // Someone made ConfigMap "settings" a moment ago: the API server has it, the cache not yet.
+    host.seed_api(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "namespace": "team"}, "data": {"from": "someone"}}));
+    let err = host.run::<Owner>(key()).expect_err("not taken over");
+    assert!(
+        err.message()
+            .contains("ConfigMap \"settings\": 409 AlreadyExists"),
+        "{err}"
+    );
+    assert!(
+        host.events()
+            .iter()
+            .any(|e| e.reason == "ChildFailed" && e.note.contains("not taken over")),
+        "{:?}",
+        host.events()
+    );
+    let cm = stored(&host, KindRef::of::<ConfigMap>(), "settings").expect("still there");
+    assert_eq!(cm["data"]["from"], "someone");
+    assert!(cm["metadata"]["ownerReferences"].is_null(), "{cm}");
+
+    // Once it is gone, the child is created (POST), then applied with its UID.
+    host.cluster()
+        .delete(
+            &KindRef::of::<ConfigMap>(),
+            &ObjectKey::namespaced("team", "settings"),
+        )
+        .expect("deleted");
+    host.sync_cache().clear_records();
+    host.run::<Owner>(key()).expect("reconciled");
+    let verbs: Vec<Verb> = host
+        .calls()
+        .into_iter()
+        .filter(|c| c.name.as_deref() == Some("settings") || c.verb == Verb::Create)
+        .map(|c| c.verb)
+        .collect();
+    assert_eq!(
+        verbs,
+        vec![Verb::Create, Verb::Patch],
+        "create first, then apply"
+    );
+    let cm = stored(&host, KindRef::of::<ConfigMap>(), "settings").expect("applied");
+    assert_eq!(cm["data"]["from"], "owner");
+    assert_eq!(cm["metadata"]["ownerReferences"][0]["uid"], UID);
+}
+
+#[test]
 fn metrics_are_kept_and_a_label_flood_stops_at_the_series_budget() {
     let host = MockHost::for_reconciler::<Owner>();
     host.seed(&deployment(json!({"service": "yes"})));

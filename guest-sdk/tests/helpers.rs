@@ -100,6 +100,45 @@ fn apply_creates_or_updates_in_one_server_side_apply() {
 }
 
 #[test]
+fn apply_refuses_an_object_read_back_from_the_cluster() {
+    let host = MockHost::new();
+    host.seed(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "ns", "finalizers": ["other.example/cleanup"]}}));
+    let ctx: Context = host.context();
+    let api = ctx.api_namespaced::<Deployment>("ns");
+    let read = api.get("web").unwrap();
+    host.clear_records();
+    let err = helpers::apply(&api, &read).expect_err("refused");
+    assert_eq!(err.code, 400, "{err:?}");
+    assert!(err.message.contains("read from the cluster"), "{err:?}");
+    assert!(host.calls().is_empty(), "nothing sent");
+}
+
+#[test]
+fn a_status_written_from_a_stale_read_is_a_conflict_not_a_lost_update() {
+    let host = MockHost::new();
+    host.seed(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "ns"}, "status": {"replicas": 1}}));
+    let ctx: Context = host.context();
+    let api = ctx.api_namespaced::<Deployment>("ns");
+    let stale = api.get("web").unwrap();
+    // Another writer changes the status after the read.
+    host.cluster()
+        .patch_status(
+            &wcm_sdk::KindRef::of::<Deployment>(),
+            &wcm_sdk::ObjectKey::namespaced("ns", "web"),
+            json!({"status": {"readyReplicas": 1}}),
+        )
+        .unwrap();
+    let mut status = stale.status.clone().unwrap_or_default();
+    status.replicas = Some(2);
+    let err = helpers::write_status_if_changed(&api, &stale, &status).expect_err("conflict");
+    assert_eq!(err.code, 409, "{err:?}");
+    let now = api.get("web").unwrap();
+    assert_eq!(now.status.and_then(|s| s.ready_replicas), Some(1), "kept");
+}
+
+#[test]
 fn the_status_is_written_only_when_it_changed_and_removed_fields_are_cleared() {
     let host = MockHost::new();
     host.seed(&json!({"apiVersion": "apps/v1", "kind": "Deployment",

@@ -21,7 +21,7 @@ use wasm_controller_manager::loading::plugins::FileStatus;
 
 const PLUGIN: &str = "sample-controller";
 
-fn foo(name: &str, deployment_name: &str, replicas: i32) -> Result<DynamicObject> {
+fn a_foo(name: &str, deployment_name: &str, replicas: i32) -> Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
         "metadata": {"name": name},
@@ -58,6 +58,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     let events: Api<Event> = Api::namespaced(client.clone(), &ns.name);
 
+    let started = std::time::Instant::now();
     let dir = temp_dir("sample-controller")?;
     install(&dir, "sample_controller", "sample-controller.wasm")?;
     let manager = start_manager(test_config(&dir)).await?;
@@ -74,9 +75,10 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     )
     .await?;
 
+    println!("{:?}: {}", started.elapsed(), "A Foo");
     // A Foo: its Deployment, applied by the plugin and owned by the Foo; a status; an event.
     let made = foos
-        .create(&PostParams::default(), &foo("example-foo", "web-a", 2)?)
+        .create(&PostParams::default(), &a_foo("example-foo", "web-a", 2)?)
         .await?;
     let uid = made.metadata.uid.clone().unwrap_or_default();
     let web_a = eventually("Deployment web-a", Duration::from_secs(60), || async {
@@ -125,6 +127,11 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     )
     .await?;
 
+    println!(
+        "{:?}: {}",
+        started.elapsed(),
+        "The Deployment's controller reports two available"
+    );
     // The Deployment's controller reports two available replicas: the Foo says so.
     deployments
         .patch_status(
@@ -145,6 +152,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     )
     .await?;
 
+    println!("{:?}: {}", started.elapsed(), "A new name");
     // A new name: web-b is applied, web-a deleted, by the plugin's own identity.
     let mark = env.audit_mark()?;
     foos.patch(
@@ -178,6 +186,11 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         vec![format!("deployments/web-a by {}", plugin_user(PLUGIN))]
     );
 
+    println!(
+        "{:?}: {}",
+        started.elapsed(),
+        "A Deployment someone else made"
+    );
     // A Deployment someone else made: the Foo naming it does not take it over.
     let foreign: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "taken"},
@@ -186,7 +199,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
                 "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
     }))?;
     deployments.create(&PostParams::default(), &foreign).await?;
-    foos.create(&PostParams::default(), &foo("greedy", "taken", 1)?)
+    foos.create(&PostParams::default(), &a_foo("greedy", "taken", 1)?)
         .await?;
     eventually(
         "a ChildFailed event on greedy",

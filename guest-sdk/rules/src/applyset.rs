@@ -467,24 +467,85 @@ pub fn uid_of(body: &str) -> Option<String> {
     v.get("metadata")?.get("uid")?.as_str().map(str::to_string)
 }
 
-/// Whether an object found under a child's name (`existing`, as JSON; `None`: there is none) may
-/// be applied as a child of `parent`: it is absent, or controlled by this incarnation of the
-/// primary already. Anything else (another controller's, or nobody's) is not taken over.
-pub fn ours_or_absent(existing: Option<&str>, parent: &Parent) -> bool {
+/// What is known of the object under a child's name before the child is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Existing {
+    /// None is known: the child is created (POST, which fails with 409 when one exists after
+    /// all), then applied.
+    Absent,
+    /// Controlled by this incarnation of the primary: applied, with its UID as a precondition
+    /// (an object deleted and made again by someone else in between is not written).
+    Ours(Option<String>),
+    /// Someone else's (another controller's, or nobody's): not taken over.
+    Other,
+}
+
+impl Existing {
+    /// As recorded in a tape (`children.may-apply`).
+    pub fn to_json(&self) -> Value {
+        match self {
+            Existing::Absent => serde_json::json!({"absent": true}),
+            Existing::Ours(uid) => serde_json::json!({"ours": uid}),
+            Existing::Other => serde_json::json!({"other": true}),
+        }
+    }
+
+    /// From a tape; a recording made before 0.3's create-first rule holds a bool (true: apply).
+    pub fn from_json(v: &Value) -> Existing {
+        match v {
+            Value::Bool(true) => Existing::Ours(None),
+            Value::Bool(false) => Existing::Other,
+            Value::Object(m) if m.contains_key("absent") => Existing::Absent,
+            Value::Object(m) if m.contains_key("ours") => {
+                Existing::Ours(m["ours"].as_str().map(str::to_string))
+            }
+            _ => Existing::Other,
+        }
+    }
+}
+
+/// What `existing` (the object under a child's name as JSON; `None`: none is known) is to
+/// `parent`: absent, controlled by this incarnation of the primary, or someone else's.
+pub fn classify(existing: Option<&str>, parent: &Parent) -> Existing {
     let Some(body) = existing else {
-        return true;
+        return Existing::Absent;
     };
     let Ok(v) = serde_json::from_str::<Value>(body) else {
-        return false;
+        return Existing::Other;
     };
-    v["metadata"]["ownerReferences"]
+    let ours = v["metadata"]["ownerReferences"]
         .as_array()
         .is_some_and(|refs| {
             refs.iter().any(|o| {
                 o["controller"].as_bool() == Some(true)
                     && o["uid"].as_str() == Some(parent.uid.as_str())
             })
-        })
+        });
+    if ours {
+        Existing::Ours(v["metadata"]["uid"].as_str().map(str::to_string))
+    } else {
+        Existing::Other
+    }
+}
+
+/// A child's body with `uid` as its `metadata.uid`: the API server refuses the apply (409) when
+/// the object under that name has another UID.
+pub fn with_uid(body: &Value, uid: Option<&str>) -> Value {
+    let mut body = body.clone();
+    if let (Some(uid), Some(meta)) = (uid, body.get_mut("metadata").and_then(Value::as_object_mut))
+    {
+        meta.insert("uid".into(), Value::String(uid.to_string()));
+    }
+    body
+}
+
+/// The refusal of a child whose name is taken by an object this primary does not control.
+pub fn not_taken_over() -> (u16, &'static str, &'static str) {
+    (
+        409,
+        "AlreadyExists",
+        "an object of that name exists and is not controlled by this primary: it is not taken over",
+    )
 }
 
 /// Whether a listed object is one the plugin (field manager `manager`) applied for this primary:

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use wcm_rules::applyset::{self, Gvk, Parent, Prepared};
+use wcm_rules::applyset::{self, Existing, Gvk, Parent, Prepared};
 use wcm_rules::metrics::{Series, Update, Value as MetricValue};
 
 use super::MockHost;
@@ -131,30 +131,7 @@ impl MockHost {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
             };
-            let existing = self.existing(&kind_ref(&r.kind), &key);
-            if !applyset::ours_or_absent(existing.as_deref(), &parent) {
-                failed_kinds.insert(r.kind.group_kind());
-                failed.push((
-                    r.named(),
-                    ApiError::new(
-                        409,
-                        "AlreadyExists",
-                        "an object of that name exists and is not controlled by this primary: it is not taken over",
-                    ),
-                ));
-                continue;
-            }
-            let params = PatchParams {
-                force: *force,
-                ..PatchParams::default()
-            };
-            match self.patch(
-                &kind_ref(&r.kind),
-                &key,
-                PatchType::Apply,
-                &r.body.to_string(),
-                &params,
-            ) {
+            match self.apply_child(&parent, r, &key, *force) {
                 Ok(body) => applied_uids.extend(applyset::uid_of(&body)),
                 Err(e) => {
                     failed_kinds.insert(r.kind.group_kind());
@@ -329,10 +306,42 @@ impl MockHost {
             .any(|p| p.group == kind.group && (p.resource == plural || p.resource == "*"))
     }
 
-    /// As the host: the object under a child's name, read from the cache of the child's kind
-    /// (watched by `owns()`), not by a call of the plugin (no permission check, not recorded).
-    fn existing(&self, kind: &KindRef, key: &ObjectKey) -> Option<String> {
-        self.cache_get(kind, key)
+    /// As the host: the primary's own object is applied with its UID as a precondition, someone
+    /// else's is refused, and a name the cache does not hold is created first (a 409 then reads
+    /// the object to tell the two apart).
+    fn apply_child(
+        &self,
+        parent: &Parent,
+        r: &Prepared,
+        key: &ObjectKey,
+        force: bool,
+    ) -> Result<String, ApiError> {
+        let kind = kind_ref(&r.kind);
+        // The cache of the child's kind (watched by `owns()`), read without a call of the
+        // plugin's (no permission check, not recorded), as the host reads its informer cache.
+        let mut known = applyset::classify(self.cache_get(&kind, key).as_deref(), parent);
+        if known == Existing::Absent {
+            known = match self.create(&kind, key.namespace.as_deref(), &r.body.to_string()) {
+                Ok(body) => Existing::Ours(applyset::uid_of(&body)),
+                Err(e) if e.code == 409 => applyset::classify(Some(&self.get(&kind, key)?), parent),
+                Err(e) => return Err(e),
+            };
+        }
+        let Existing::Ours(uid) = known else {
+            let (code, reason, message) = applyset::not_taken_over();
+            return Err(ApiError::new(code, reason, message));
+        };
+        let params = PatchParams {
+            force,
+            ..PatchParams::default()
+        };
+        self.patch(
+            &kind,
+            key,
+            PatchType::Apply,
+            &applyset::with_uid(&r.body, uid.as_deref()).to_string(),
+            &params,
+        )
     }
 
     fn write_record(

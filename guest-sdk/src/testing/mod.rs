@@ -403,10 +403,24 @@ impl MockHost {
     /// with `apiVersion`, `kind` and `metadata.name` will do: a k8s-openapi type, a `json!` value,
     /// a [`DynamicObject`](crate::DynamicObject).
     ///
+    /// An object without a `resourceVersion` gets one, as every object the API server stores
+    /// has (so a write from a stale read conflicts, as in the cluster).
+    ///
     /// # Panics
     /// If the object lacks `apiVersion`, `kind` or `metadata.name`.
     pub fn seed(&self, obj: &impl Serialize) -> &Self {
-        self.seed_cache(obj).seed_api(obj)
+        let value = self.stamped(obj);
+        self.seed_cache(&value).seed_api(&value)
+    }
+
+    /// `obj` as JSON, with a `resourceVersion` of the mock's sequence when it has none.
+    fn stamped(&self, obj: &impl Serialize) -> Value {
+        let (_, _, mut value) = Self::identify(obj);
+        if meta_str(&value, "resourceVersion").is_none() {
+            let rv = self.state.borrow_mut().next_revision();
+            set_meta(&mut value, "resourceVersion", Value::String(rv));
+        }
+        value
     }
 
     /// Puts an object in the cache only (the API server does not have it, or not yet).
@@ -424,12 +438,13 @@ impl MockHost {
         self
     }
 
-    /// Puts an object in the API server only (the cache has not seen it).
+    /// Puts an object in the API server only (the cache has not seen it); it gets a
+    /// `resourceVersion` as with [`MockHost::seed`].
     ///
     /// # Panics
     /// As [`MockHost::seed`].
     pub fn seed_api(&self, obj: &impl Serialize) -> &Self {
-        let (gk, key, value) = Self::identify(obj);
+        let (gk, key, value) = Self::identify(&self.stamped(obj));
         self.state
             .borrow_mut()
             .api
@@ -779,6 +794,34 @@ impl State {
     }
 
     /// The watches of `kind`, or `None` when nothing is declared (everything visible).
+    /// Why the host would drop an event about `regarding`: its kind is neither watched (in its
+    /// namespace) nor declared, or its namespace is not one where the plugin acts. `None`: kept
+    /// (and always without a declaration).
+    fn event_refusal(&self, regarding: &ObjectRef) -> Option<String> {
+        let d = self.declared.as_ref()?;
+        let kind = &regarding.kind;
+        let ns = regarding.key.namespace.as_deref();
+        let watched = self.watches(kind).is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w.namespace.is_none() || w.namespace.as_deref() == ns)
+        });
+        let plural = self.plural(kind);
+        let declared = d
+            .permissions
+            .iter()
+            .any(|p| p.group == kind.group && (p.resource == plural || p.resource == "*"));
+        let acts_there = ns.is_none_or(|ns| {
+            self.check_scope(&MockHost::record(Verb::Create, kind, Some(ns), None))
+                .is_ok()
+        });
+        if (watched || declared) && acts_there {
+            return None;
+        }
+        Some(format!(
+            "{kind} is neither watched (there) nor declared by the plugin, or the namespace is not one where it acts"
+        ))
+    }
+
     fn watches(&self, kind: &KindRef) -> Option<Vec<&Watch>> {
         let d = self.declared.as_ref()?;
         let all = d
@@ -1133,6 +1176,27 @@ impl State {
             }
             None => return Err(self.not_found(kind, key)),
         };
+        // As the API server's validation of an update: the UID is immutable (a merge or apply
+        // patch naming another UID is refused, which the host's children rely on).
+        if matches!(patch_type, PatchType::Merge | PatchType::Apply)
+            && let (Some(sent), Some(current)) = (
+                patch
+                    .get("metadata")
+                    .and_then(|m| m.get("uid"))
+                    .and_then(Value::as_str),
+                meta_str(&stored, "uid"),
+            )
+            && sent != current
+        {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                &format!(
+                    "{} {:?} is invalid: metadata.uid: Invalid value: {sent:?}: field is immutable",
+                    kind.kind, key.name
+                ),
+            ));
+        }
         let mut patched = stored.clone();
         match patch_type {
             // The API server takes strategic merge patches for built-in kinds only.
@@ -1259,7 +1323,18 @@ impl MockHost {
     /// Records the call, then answers it: an injected failure, the permission check, `op`.
     fn call<T>(
         &self,
+        record: ApiCall,
+        op: impl FnOnce(&mut State) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        self.call_with(record, Ok(()), op)
+    }
+
+    /// [`MockHost::call`] with the check of the call's options (`options`), made as the host
+    /// makes it: after the names, before the permission and scope checks.
+    fn call_with<T>(
+        &self,
         mut record: ApiCall,
+        options: Result<(), ApiError>,
         op: impl FnOnce(&mut State) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         let mut st = self.state.borrow_mut();
@@ -1271,6 +1346,7 @@ impl MockHost {
         let result = match injected {
             Some(e) => Err(e),
             None => validation::call(&record)
+                .and(options)
                 .and_then(|()| st.check_permission(record.verb, &record.kind))
                 .and_then(|()| st.check_scope(&record))
                 .and_then(|()| op(&mut st)),
@@ -1315,8 +1391,7 @@ impl MockHost {
         };
         let status = verb == Verb::PatchStatus;
         let manager = self.field_manager(params.field_manager_suffix.as_deref());
-        self.call(record, |st| {
-            validation::patch(patch_type, params)?;
+        self.call_with(record, validation::patch(patch_type, params), |st| {
             let out = st.maybe_dry(params.dry_run, |st| {
                 st.patch(kind, key, patch_type, body, status)
             })?;
@@ -1356,8 +1431,7 @@ impl Host for MockHost {
             field_selector: params.field_selector.clone(),
             ..Self::record(Verb::List, kind, namespace, None)
         };
-        self.call(record, |st| {
-            validation::list(params)?;
+        self.call_with(record, validation::list(params), |st| {
             st.list(kind, namespace, params)
         })
     }
@@ -1425,8 +1499,7 @@ impl Host for MockHost {
                 Some(&key.name),
             )
         };
-        self.call(record, |st| {
-            validation::delete(params)?;
+        self.call_with(record, validation::delete(params), |st| {
             st.maybe_dry(params.dry_run, |st| st.delete(kind, key, params))
         })
     }
@@ -1473,17 +1546,25 @@ impl Host for MockHost {
         action: &str,
         note: &str,
     ) {
-        if let Err(why) = validation::event(regarding, reason, action) {
+        let refused = validation::event(regarding, reason, action)
+            .err()
+            .or_else(|| self.state.borrow().event_refusal(regarding));
+        if let Some(why) = refused {
             // As the host: the event is dropped, with a warning.
             self.log(Level::Warn, &format!("event refused: {why}"), &[]);
             return;
+        }
+        // As the host: a note is cut to 1 KiB (at a character boundary).
+        let mut end = note.len().min(1024);
+        while !note.is_char_boundary(end) {
+            end -= 1;
         }
         self.state.borrow_mut().events.push(RecordedEvent {
             regarding: regarding.clone(),
             event_type,
             reason: reason.to_string(),
             action: action.to_string(),
-            note: note.to_string(),
+            note: note[..end].to_string(),
         });
     }
 

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use wcm_rules::applyset::{self, Gvk, Parent, Prepared};
+use wcm_rules::applyset::{self, Existing, Gvk, Parent, Prepared};
 
 use super::call_ctx::CallCtx;
 use crate::cluster::api::CallOptions;
@@ -179,33 +179,7 @@ impl CallCtx {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
             };
-            if !self.may_apply(&parent, &kind_ref(&r.kind), &key) {
-                failed_kinds.insert(r.kind.group_kind());
-                failed.push(Failed {
-                    child: r.named(),
-                    error: ApiError {
-                        code: 409,
-                        reason: "AlreadyExists".into(),
-                        message: "an object of that name exists and is not controlled by this primary: it is not taken over".into(),
-                    },
-                });
-                continue;
-            }
-            let options = client::PatchOptions {
-                field_manager_suffix: None,
-                force: *force,
-                dry_run: false,
-            };
-            let out = client::Host::patch(
-                self,
-                kind_ref(&r.kind),
-                key,
-                client::PatchType::Apply,
-                r.body.to_string(),
-                options,
-            )
-            .await?;
-            match out {
+            match self.apply_child(&parent, r, key, *force).await? {
                 Ok(body) => applied_uids.extend(applyset::uid_of(&body)),
                 Err(error) => {
                     failed_kinds.insert(r.kind.group_kind());
@@ -349,17 +323,77 @@ impl CallCtx {
         )
     }
 
-    /// Whether a child may be applied: no object of its name exists in the plugin's cache, or
-    /// this primary controls the one that does. Read from the informer cache (the kind is
-    /// watched when the plugin `owns()` it; an unwatched kind is not checked), without a call of
-    /// the plugin's; the answer is recorded, so a replay takes the same decision.
-    fn may_apply(&mut self, parent: &Parent, kind: &KindRef, key: &ObjectKey) -> bool {
+    /// Applies one child, never over an object this primary does not control. What the cache
+    /// holds under the child's name decides: the primary's own is applied with its UID as a
+    /// precondition; someone else's is refused; none (or a kind the plugin does not watch) is
+    /// created first, so that an object made in between (which the cache has not seen yet) makes
+    /// the create fail rather than the apply take it over; then it is read (as the plugin) to
+    /// tell the primary's own from someone else's.
+    async fn apply_child(
+        &mut self,
+        parent: &Parent,
+        r: &Prepared,
+        key: ObjectKey,
+        force: bool,
+    ) -> wasmtime::Result<Result<String, ApiError>> {
+        let kind = kind_ref(&r.kind);
+        let mut known = self.cached_existing(parent, &kind, &key);
+        if known == Existing::Absent {
+            let created = client::Host::create(
+                self,
+                kind.clone(),
+                key.namespace.clone(),
+                r.body.to_string(),
+            )
+            .await?;
+            known = match created {
+                Ok(body) => Existing::Ours(applyset::uid_of(&body)),
+                Err(e) if e.code == 409 => {
+                    match client::Host::get(self, kind.clone(), key.clone()).await? {
+                        Ok(body) => applyset::classify(Some(&body), parent),
+                        Err(e) => return Ok(Err(e)),
+                    }
+                }
+                Err(e) => return Ok(Err(e)),
+            };
+        }
+        let uid = match known {
+            Existing::Ours(uid) => uid,
+            _ => {
+                let (code, reason, message) = applyset::not_taken_over();
+                return Ok(Err(ApiError {
+                    code,
+                    reason: reason.into(),
+                    message: message.into(),
+                }));
+            }
+        };
+        let options = client::PatchOptions {
+            field_manager_suffix: None,
+            force,
+            dry_run: false,
+        };
+        client::Host::patch(
+            self,
+            kind,
+            key,
+            client::PatchType::Apply,
+            applyset::with_uid(&r.body, uid.as_deref()).to_string(),
+            options,
+        )
+        .await
+    }
+
+    /// What the plugin's informer cache holds under a child's name (read without a call of the
+    /// plugin's; recorded, so a replay takes the same decision). A kind the plugin does not
+    /// watch reads as absent: the create that follows finds out.
+    fn cached_existing(&mut self, parent: &Parent, kind: &KindRef, key: &ObjectKey) -> Existing {
         let args = serde_json::json!({
             "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
             "key": {"namespace": key.namespace, "name": key.name},
         });
         if let Some(answer) = self.replayed("children.may-apply", &args) {
-            return answer.as_bool().unwrap_or(true);
+            return Existing::from_json(&answer);
         }
         let stored = crate::cluster::services::store_key(key);
         let existing = self
@@ -368,9 +402,9 @@ impl CallCtx {
             .iter()
             .find_map(|s| s.get(&stored))
             .map(|o| o.json.to_string());
-        let ok = applyset::ours_or_absent(existing.as_deref(), parent);
-        self.taped("children.may-apply", args, || serde_json::json!(ok));
-        ok
+        let known = applyset::classify(existing.as_deref(), parent);
+        self.taped("children.may-apply", args, || known.to_json());
+        known
     }
 
     /// Deletes a member that left the set (UID precondition), with a Normal event; gone already

@@ -21,6 +21,12 @@ pub fn yaml_documents(text: &str) -> Result<Vec<Value>> {
     Ok(out)
 }
 
+/// The namespaces `manifests/namespace.yaml` makes: `rbac` is rendered as if they existed (it
+/// prints a Namespace only for one the cluster lacks), so the generated file names none twice.
+pub fn made_by_the_kustomization() -> std::collections::BTreeSet<String> {
+    std::collections::BTreeSet::from(["wcm-system".to_string()])
+}
+
 /// What `rbac --kubeconfig … --all-namespaces pod-counter --host-service-account
 /// wcm-system/wasm-controller-manager PLUGINS…` prints, as the deployment documents run it
 /// (pod-counter records its events on the Pods it counts, in every namespace).

@@ -175,7 +175,13 @@ pub async fn documented_deployment(
     std::fs::write(&kustomization, text)?;
 
     let out = crate::common::deploying::deployment_rbac(client, plugins).await?;
-    std::fs::write(deploy.join("rbac/generated.yaml"), rbac::render(&out)?)?;
+    std::fs::write(
+        deploy.join("rbac/generated.yaml"),
+        rbac::render(
+            &out,
+            Some(&crate::common::deploying::made_by_the_kustomization()),
+        )?,
+    )?;
     crate::common::deploying::yaml_documents(&testenv::kustomize(&deploy)?)
 }
 

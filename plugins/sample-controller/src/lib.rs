@@ -73,12 +73,12 @@ impl Controller for SampleController {
         Watch::of::<Foo>().ignore_status_changes()
     }
 
-    fn reconcile(ctx: &Context, foo: Option<Foo>, req: Request) -> Result<Action, Error> {
+    fn reconcile(ctx: &Context, obj: Option<Foo>, req: Request) -> Result<Action, Error> {
         // Deleted: the garbage collector deletes its Deployment.
-        let Some(foo) = foo else {
+        let Some(obj) = obj else {
             return Ok(Action::done());
         };
-        let name = &foo.spec.deployment_name;
+        let name = &obj.spec.deployment_name;
         if name.is_empty() {
             return Err(Error::terminal("spec.deploymentName must be specified"));
         }
@@ -94,7 +94,7 @@ impl Controller for SampleController {
                 ..Default::default()
             },
             spec: Some(DeploymentSpec {
-                replicas: foo.spec.replicas,
+                replicas: obj.spec.replicas,
                 selector: LabelSelector {
                     match_labels: Some(labels.clone()),
                     ..Default::default()
@@ -126,9 +126,9 @@ impl Controller for SampleController {
         let status = FooStatus {
             available_replicas: available.status.available_replicas,
         };
-        if write_status_if_changed(&ctx.api_namespaced::<Foo>(ns), &foo, &status)? {
+        if write_status_if_changed(&ctx.api_namespaced::<Foo>(ns), &obj, &status)? {
             ctx.recorder()
-                .event(&ObjectRef::from_obj(&foo), "Synced")
+                .event(&ObjectRef::from_obj(&obj), "Synced")
                 .action("Sync")
                 .note("Foo synced successfully")
                 .publish();

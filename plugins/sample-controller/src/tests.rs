@@ -5,7 +5,7 @@ use wcm_sdk::{EventType, KindRef};
 
 const UID: &str = "0b5e6c1a-0000-4000-8000-00000000f00f";
 
-fn foo(deployment_name: &str, replicas: i32) -> serde_json::Value {
+fn a_foo(deployment_name: &str, replicas: i32) -> serde_json::Value {
     json!({"apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
         "metadata": {"name": "example-foo", "namespace": "default", "uid": UID},
         "spec": {"deploymentName": deployment_name, "replicas": replicas}})
@@ -22,7 +22,7 @@ fn deployment(host: &MockHost, name: &str) -> Option<Deployment> {
 #[test]
 fn a_foo_gets_its_deployment_owned_by_it_and_a_status() {
     let host = MockHost::for_reconciler::<Typed<SampleController>>();
-    host.seed(&foo("example-foo", 1));
+    host.seed(&a_foo("example-foo", 1));
     run(&host).expect("reconciled");
 
     let d = deployment(&host, "example-foo").expect("the Deployment is applied");
@@ -50,7 +50,7 @@ fn a_foo_gets_its_deployment_owned_by_it_and_a_status() {
 #[test]
 fn the_status_follows_the_deployments_available_replicas_and_is_written_only_on_a_change() {
     let host = MockHost::for_reconciler::<Typed<SampleController>>();
-    host.seed(&foo("example-foo", 3));
+    host.seed(&a_foo("example-foo", 3));
     run(&host).expect("reconciled");
     // The cluster's Deployment controller reports two available Pods.
     let kind = KindRef::of::<Deployment>();
@@ -79,7 +79,7 @@ fn the_status_follows_the_deployments_available_replicas_and_is_written_only_on_
 #[test]
 fn a_new_deployment_name_replaces_the_old_deployment() {
     let host = MockHost::for_reconciler::<Typed<SampleController>>();
-    host.seed(&foo("web-a", 1));
+    host.seed(&a_foo("web-a", 1));
     run(&host).expect("reconciled");
     assert!(deployment(&host, "web-a").is_some());
 
@@ -103,7 +103,7 @@ fn a_new_deployment_name_replaces_the_old_deployment() {
 #[test]
 fn a_deployment_the_foo_does_not_control_is_left_alone_and_reported() {
     let host = MockHost::for_reconciler::<Typed<SampleController>>();
-    host.seed(&foo("taken", 1));
+    host.seed(&a_foo("taken", 1));
     host.seed(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "taken", "namespace": "default"}, "spec": {"replicas": 7}}));
     let err = run(&host).expect_err("the child is refused");
@@ -117,7 +117,7 @@ fn a_deployment_the_foo_does_not_control_is_left_alone_and_reported() {
 #[test]
 fn a_foo_without_a_deployment_name_is_a_terminal_error() {
     let host = MockHost::for_reconciler::<Typed<SampleController>>();
-    host.seed(&foo("", 1));
+    host.seed(&a_foo("", 1));
     let err = run(&host).expect_err("refused");
     assert!(err.is_terminal());
     assert!(host.calls().is_empty());

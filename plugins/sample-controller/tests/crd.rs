@@ -1,6 +1,6 @@
 //! The CRD shipped in `manifests/crds/` (which the test cluster and `scripts/run-local` install) is
 //! the one the `Foo` type derives. Regenerate it with
-//! `cargo run -p sample-controller --example crd > manifests/crds/foos.samplecontroller.k8s.io.json`.
+//! `cargo run -p sample-controller --example sample-controller-crd > manifests/crds/foos.samplecontroller.k8s.io.json`.
 
 use kube::CustomResourceExt;
 
@@ -14,7 +14,7 @@ fn the_shipped_crd_is_the_derived_one() {
     assert_eq!(
         shipped, derived,
         "manifests/crds/foos.samplecontroller.k8s.io.json is not what Foo derives; regenerate it \
-         with `cargo run -p sample-controller --example crd`"
+         with `cargo run -p sample-controller --example sample-controller-crd`"
     );
     assert_eq!(
         derived["spec"]["versions"][0]["subresources"]["status"],
