@@ -31,6 +31,8 @@ type cluster struct {
 	caPool         *x509.CertPool
 	files          pkiFiles
 	etcd           *embed.Etcd
+	// The ShardedListAndWatch feature gate (KEP-5866, alpha in 1.36) of the apiserver.
+	shardedWatch bool
 
 	mu      sync.Mutex
 	child   *exec.Cmd
@@ -70,6 +72,7 @@ func startCluster(o options, dir string) (*cluster, error) {
 		token:         files.token,
 		caPool:        pool,
 		files:         files,
+		shardedWatch:  o.shardedWatch,
 		etcd:          etcd,
 		kubeconfigOut: o.kubeconfigOut,
 		exited:        make(chan error, 1),
@@ -204,6 +207,7 @@ func (c *cluster) apiserverArgs() []string {
 		// 0 disables rotation: the file only grows, and a restarted apiserver appends to it.
 		"--audit-log-maxsize=0",
 		"--v=0",
+		fmt.Sprintf("--feature-gates=ShardedListAndWatch=%t", c.shardedWatch),
 	}
 }
 

@@ -40,6 +40,7 @@ type options struct {
 	readyTimeout  time.Duration
 	stdinControl  bool
 	keep          bool
+	shardedWatch  bool
 }
 
 func main() {
@@ -57,6 +58,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 90*time.Second, "how long to wait for etcd and the apiserver /readyz")
 	flag.BoolVar(&o.stdinControl, "stdin-control", false, "read stop/start/compact/quit commands from stdin; exit on EOF")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory on exit")
+	flag.BoolVar(&o.shardedWatch, "sharded-list-and-watch", true, "turn on the apiserver's ShardedListAndWatch feature gate (KEP-5866: list and watch with shardSelector); false runs without it")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)

@@ -74,6 +74,35 @@ impl TestEnv {
         SHARED.get_or_try_init(Self::start).await
     }
 
+    /// A cluster of the caller's own (not shared), started with extra `testenv` flags, e.g.
+    /// `--sharded-list-and-watch=false`. Stopped when dropped. Needs the local cluster (not
+    /// `WCM_USE_EXISTING_CLUSTER`).
+    pub async fn start_own(extra_args: &[&str]) -> Result<TestEnv> {
+        anyhow::ensure!(
+            !existing_cluster_requested(),
+            "a cluster of its own needs the local testenv, not WCM_USE_EXISTING_CLUSTER"
+        );
+        let bin = testenv_binary()?;
+        let args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        let control = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Control::spawn(&bin, &args)
+        })
+        .await
+        .context("testenv start task failed")??;
+        let path = PathBuf::from(&control.info().kubeconfig);
+        let kubeconfig = Kubeconfig::read_from(&path)
+            .with_context(|| format!("read the testenv kubeconfig {}", path.display()))?;
+        let env = TestEnv {
+            kubeconfig,
+            kubeconfig_path: Some(path),
+            control: Some(control),
+        };
+        let client = env.client().await?;
+        crds::install_all(&client, &manifests_dir().join("crds")).await?;
+        Ok(env)
+    }
+
     async fn start() -> Result<TestEnv> {
         let env = if existing_cluster_requested() {
             let kubeconfig = Kubeconfig::read().context(
