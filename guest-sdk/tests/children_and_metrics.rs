@@ -208,10 +208,21 @@ fn an_object_made_before_the_cache_saw_it_is_not_taken_over_and_the_primarys_own
         .collect();
     assert_eq!(
         verbs,
-        vec![Verb::Create, Verb::Patch],
-        "create first, then apply"
+        vec![Verb::Create, Verb::Patch, Verb::Patch],
+        "create first, then apply, then drop the create's Update entry (a JSON patch)"
     );
     let cm = stored(&host, KindRef::of::<ConfigMap>(), "settings").expect("applied");
+    let managers: Vec<(String, String)> = cm["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| (m["manager"].to_string(), m["operation"].to_string()))
+        .collect();
+    assert_eq!(
+        managers,
+        vec![("\"wcm:owner\"".to_string(), "\"Apply\"".to_string())],
+        "only the apply's entry"
+    );
     assert_eq!(cm["data"]["from"], "owner");
     assert_eq!(cm["metadata"]["ownerReferences"][0]["uid"], UID);
 }

@@ -75,7 +75,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     )
     .await?;
 
-    println!("{:?}: {}", started.elapsed(), "A Foo");
+    println!("{:?}: A Foo", started.elapsed());
     // A Foo: its Deployment, applied by the plugin and owned by the Foo; a status; an event.
     let made = foos
         .create(&PostParams::default(), &a_foo("example-foo", "web-a", 2)?)
@@ -113,6 +113,25 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         managers.contains(&(format!("wcm:{PLUGIN}"), "Apply".into())),
         "{managers:?}"
     );
+    // The host created it before its first apply; the create's `Update` entry is gone again, so
+    // the plugin's fields are its applied ones only.
+    eventually(
+        "no Update entry of the plugin's manager",
+        Duration::from_secs(30),
+        || async {
+            let d = deployments.get("web-a").await?;
+            let updates: Vec<String> = d
+                .metadata
+                .managed_fields
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| m.operation.as_deref() == Some("Update"))
+                .filter_map(|m| m.manager)
+                .collect();
+            Ok((!updates.contains(&format!("wcm:{PLUGIN}"))).then_some(()))
+        },
+    )
+    .await?;
     eventually(
         "the Foo's status and a Synced event",
         Duration::from_secs(30),
@@ -128,9 +147,8 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     .await?;
 
     println!(
-        "{:?}: {}",
-        started.elapsed(),
-        "The Deployment's controller reports two available"
+        "{:?}: The Deployment's controller reports two available",
+        started.elapsed()
     );
     // The Deployment's controller reports two available replicas: the Foo says so.
     deployments
@@ -152,7 +170,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
     )
     .await?;
 
-    println!("{:?}: {}", started.elapsed(), "A new name");
+    println!("{:?}: A new name", started.elapsed());
     // A new name: web-b is applied, web-a deleted, by the plugin's own identity.
     let mark = env.audit_mark()?;
     foos.patch(
@@ -186,11 +204,14 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         vec![format!("deployments/web-a by {}", plugin_user(PLUGIN))]
     );
 
-    println!(
-        "{:?}: {}",
-        started.elapsed(),
-        "A Deployment someone else made"
-    );
+    println!("{:?}: A Deployment someone else made", started.elapsed());
+    // The CRD bounds the replicas as upstream's does: a Foo asking for 100 Pods is refused.
+    let refused = foos
+        .create(&PostParams::default(), &a_foo("greedy-pods", "many", 100)?)
+        .await
+        .expect_err("replicas above 10");
+    assert!(refused.to_string().contains("spec.replicas"), "{refused}");
+
     // A Deployment someone else made: the Foo naming it does not take it over.
     let foreign: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "taken"},

@@ -478,6 +478,9 @@ pub enum Existing {
     Ours(Option<String>),
     /// Someone else's (another controller's, or nobody's): not taken over.
     Other,
+    /// The plugin does not watch the child's kind, so its cache cannot tell: the child is
+    /// refused (declare the kind with `owns()`).
+    Unwatched,
 }
 
 impl Existing {
@@ -487,6 +490,7 @@ impl Existing {
             Existing::Absent => serde_json::json!({"absent": true}),
             Existing::Ours(uid) => serde_json::json!({"ours": uid}),
             Existing::Other => serde_json::json!({"other": true}),
+            Existing::Unwatched => serde_json::json!({"unwatched": true}),
         }
     }
 
@@ -496,6 +500,7 @@ impl Existing {
             Value::Bool(true) => Existing::Ours(None),
             Value::Bool(false) => Existing::Other,
             Value::Object(m) if m.contains_key("absent") => Existing::Absent,
+            Value::Object(m) if m.contains_key("unwatched") => Existing::Unwatched,
             Value::Object(m) if m.contains_key("ours") => {
                 Existing::Ours(m["ours"].as_str().map(str::to_string))
             }
@@ -505,7 +510,9 @@ impl Existing {
 }
 
 /// What `existing` (the object under a child's name as JSON; `None`: none is known) is to
-/// `parent`: absent, controlled by this incarnation of the primary, or someone else's.
+/// `parent`: absent, controlled by this incarnation of the primary, or someone else's. An object
+/// without a UID (never from the API server) is someone else's: the apply could not carry its
+/// precondition.
 pub fn classify(existing: Option<&str>, parent: &Parent) -> Existing {
     let Some(body) = existing else {
         return Existing::Absent;
@@ -521,10 +528,9 @@ pub fn classify(existing: Option<&str>, parent: &Parent) -> Existing {
                     && o["uid"].as_str() == Some(parent.uid.as_str())
             })
         });
-    if ours {
-        Existing::Ours(v["metadata"]["uid"].as_str().map(str::to_string))
-    } else {
-        Existing::Other
+    match (ours, v["metadata"]["uid"].as_str()) {
+        (true, Some(uid)) => Existing::Ours(Some(uid.to_string())),
+        _ => Existing::Other,
     }
 }
 
@@ -537,6 +543,41 @@ pub fn with_uid(body: &Value, uid: Option<&str>) -> Value {
         meta.insert("uid".into(), Value::String(uid.to_string()));
     }
     body
+}
+
+/// The JSON patch that drops the `Update` entry `manager`'s create left in `applied` (the object
+/// as its first apply answered), so that from then on the manager's fields are its applied ones
+/// only: a field the plugin stops sending is removed, and a child applied without force does not
+/// conflict with the plugin's own create. Tested against the object's resourceVersion and the
+/// entry itself, so a concurrent change makes it fail harmlessly. `None` when there is no such
+/// entry.
+pub fn forget_create(applied: &str, manager: &str) -> Option<Value> {
+    let v: Value = serde_json::from_str(applied).ok()?;
+    let rv = v["metadata"]["resourceVersion"].as_str()?;
+    let index = v["metadata"]["managedFields"]
+        .as_array()?
+        .iter()
+        .position(|f| {
+            f["manager"].as_str() == Some(manager)
+                && f["operation"].as_str() == Some("Update")
+                && f.get("subresource")
+                    .is_none_or(|s| s.as_str().unwrap_or("").is_empty())
+        })?;
+    Some(serde_json::json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "test", "path": format!("/metadata/managedFields/{index}/manager"), "value": manager},
+        {"op": "test", "path": format!("/metadata/managedFields/{index}/operation"), "value": "Update"},
+        {"op": "remove", "path": format!("/metadata/managedFields/{index}")},
+    ]))
+}
+
+/// The refusal of a child of a kind the plugin does not watch.
+pub fn unwatched() -> (u16, &'static str, &'static str) {
+    (
+        400,
+        "InvalidChild",
+        "the plugin does not watch this kind, so the host cannot tell whether an object of that name is the primary's: declare the kind with owns()",
+    )
 }
 
 /// The refusal of a child whose name is taken by an object this primary does not control.
@@ -559,9 +600,12 @@ pub fn applied_by(item: &Value, parent: &Parent, manager: &str) -> bool {
                 && o["uid"].as_str() == Some(parent.uid.as_str())
         })
     });
+    // Applied by the plugin's manager, or created by it (the host creates a child before its
+    // first apply; should the apply fail, the object still is the plugin's own).
     let applied = metadata["managedFields"].as_array().is_some_and(|fields| {
         fields.iter().any(|f| {
-            f["manager"].as_str() == Some(manager) && f["operation"].as_str() == Some("Apply")
+            f["manager"].as_str() == Some(manager)
+                && matches!(f["operation"].as_str(), Some("Apply" | "Update"))
         })
     });
     member && controlled && applied

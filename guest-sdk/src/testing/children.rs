@@ -319,29 +319,67 @@ impl MockHost {
         let kind = kind_ref(&r.kind);
         // The cache of the child's kind (watched by `owns()`), read without a call of the
         // plugin's (no permission check, not recorded), as the host reads its informer cache.
-        let mut known = applyset::classify(self.cache_get(&kind, key).as_deref(), parent);
+        let watched = self
+            .state
+            .borrow()
+            .watches(&kind)
+            .is_none_or(|w| !w.is_empty());
+        let mut created = false;
+        let mut known = if watched {
+            applyset::classify(self.cache_get(&kind, key).as_deref(), parent)
+        } else if self.declares_kind(&kind) {
+            Existing::Unwatched
+        } else {
+            // Not even declared: the create is refused (403 NotDeclared), as by the host.
+            Existing::Absent
+        };
         if known == Existing::Absent {
             known = match self.create(&kind, key.namespace.as_deref(), &r.body.to_string()) {
-                Ok(body) => Existing::Ours(applyset::uid_of(&body)),
+                Ok(body) => match applyset::uid_of(&body) {
+                    Some(uid) => {
+                        created = true;
+                        Existing::Ours(Some(uid))
+                    }
+                    None => Existing::Other,
+                },
                 Err(e) if e.code == 409 => applyset::classify(Some(&self.get(&kind, key)?), parent),
                 Err(e) => return Err(e),
             };
         }
-        let Existing::Ours(uid) = known else {
-            let (code, reason, message) = applyset::not_taken_over();
-            return Err(ApiError::new(code, reason, message));
+        let uid = match known {
+            Existing::Ours(uid) => uid,
+            Existing::Unwatched => {
+                let (code, reason, message) = applyset::unwatched();
+                return Err(ApiError::new(code, reason, message));
+            }
+            _ => {
+                let (code, reason, message) = applyset::not_taken_over();
+                return Err(ApiError::new(code, reason, message));
+            }
         };
         let params = PatchParams {
             force,
             ..PatchParams::default()
         };
-        self.patch(
+        let applied = self.patch(
             &kind,
             key,
             PatchType::Apply,
             &applyset::with_uid(&r.body, uid.as_deref()).to_string(),
             &params,
-        )
+        )?;
+        // As the host: the create's `Update` entry is dropped after the first apply.
+        if created && let Some(patch) = applyset::forget_create(&applied, &self.field_manager(None))
+        {
+            let _ = self.patch(
+                &kind,
+                key,
+                PatchType::Json,
+                &patch.to_string(),
+                &PatchParams::default(),
+            );
+        }
+        Ok(applied)
     }
 
     fn write_record(

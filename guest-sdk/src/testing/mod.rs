@@ -403,8 +403,8 @@ impl MockHost {
     /// with `apiVersion`, `kind` and `metadata.name` will do: a k8s-openapi type, a `json!` value,
     /// a [`DynamicObject`](crate::DynamicObject).
     ///
-    /// An object without a `resourceVersion` gets one, as every object the API server stores
-    /// has (so a write from a stale read conflicts, as in the cluster).
+    /// An object without a `resourceVersion` or `uid` gets them, as every object the API server
+    /// stores has (so a write from a stale read conflicts, as in the cluster).
     ///
     /// # Panics
     /// If the object lacks `apiVersion`, `kind` or `metadata.name`.
@@ -413,12 +413,19 @@ impl MockHost {
         self.seed_cache(&value).seed_api(&value)
     }
 
-    /// `obj` as JSON, with a `resourceVersion` of the mock's sequence when it has none.
+    /// `obj` as JSON, with a `resourceVersion` and a `uid` of the mock's sequences when it has
+    /// none (every object the API server stores has both).
     fn stamped(&self, obj: &impl Serialize) -> Value {
         let (_, _, mut value) = Self::identify(obj);
+        let mut st = self.state.borrow_mut();
         if meta_str(&value, "resourceVersion").is_none() {
-            let rv = self.state.borrow_mut().next_revision();
+            let rv = st.next_revision();
             set_meta(&mut value, "resourceVersion", Value::String(rv));
+        }
+        if meta_str(&value, "uid").is_none() {
+            st.uids += 1;
+            let uid = format!("mock-uid-{}", st.uids);
+            set_meta(&mut value, "uid", Value::String(uid));
         }
         value
     }
@@ -669,11 +676,23 @@ impl MockHost {
 impl State {
     /// Records `manager` among the managers of a stored object that it applied; the object.
     fn note_applied(&mut self, kind: &KindRef, key: &ObjectKey, manager: &str) -> Option<String> {
+        self.note_manager(kind, key, manager, "Apply")
+    }
+
+    /// Records `manager` among the managers of a stored object, for `operation` (`Apply`, or
+    /// `Update` for a create, as the API server does); the object.
+    fn note_manager(
+        &mut self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        manager: &str,
+        operation: &str,
+    ) -> Option<String> {
         let obj = self
             .api
             .get_mut(&group_kind(kind))
             .and_then(|objects| objects.get_mut(key))?;
-        let entry = serde_json::json!({"manager": manager, "operation": "Apply"});
+        let entry = serde_json::json!({"manager": manager, "operation": operation});
         let fields = &mut obj["metadata"]["managedFields"];
         match fields.as_array_mut() {
             Some(list) if list.contains(&entry) => {}
@@ -736,7 +755,16 @@ impl State {
             return Ok(());
         };
         let namespace = call.namespace.as_deref().filter(|n| !n.is_empty());
-        let target = match (namespace, &call.name) {
+        // As the host: a create names its object in the body.
+        let created = (call.verb == Verb::Create)
+            .then(|| {
+                call.body
+                    .as_ref()
+                    .and_then(|b| b["metadata"]["name"].as_str().map(str::to_string))
+            })
+            .flatten();
+        let name = call.name.clone().or(created);
+        let target = match (namespace, &name) {
             (Some(ns), _) => ns,
             (None, Some(name)) if namespace_object && name == PROTECTED_NAMESPACE => name.as_str(),
             // A namespaced kind across all namespaces would reach the protected ones: the host
@@ -1089,6 +1117,20 @@ impl State {
         {
             return Err(self.conflict(kind, key));
         }
+        // As the API server's validation of an update: the UID is immutable (an update, or a
+        // patch of any type, naming another UID is refused; the host's children rely on it).
+        if let (Some(sent), Some(current)) = (meta_str(updated, "uid"), meta_str(stored, "uid"))
+            && sent != current
+        {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                &format!(
+                    "{} {:?} is invalid: metadata.uid: Invalid value: {sent:?}: field is immutable",
+                    kind.kind, key.name
+                ),
+            ));
+        }
         for field in [
             "name",
             "namespace",
@@ -1176,27 +1218,6 @@ impl State {
             }
             None => return Err(self.not_found(kind, key)),
         };
-        // As the API server's validation of an update: the UID is immutable (a merge or apply
-        // patch naming another UID is refused, which the host's children rely on).
-        if matches!(patch_type, PatchType::Merge | PatchType::Apply)
-            && let (Some(sent), Some(current)) = (
-                patch
-                    .get("metadata")
-                    .and_then(|m| m.get("uid"))
-                    .and_then(Value::as_str),
-                meta_str(&stored, "uid"),
-            )
-            && sent != current
-        {
-            return Err(ApiError::new(
-                422,
-                "Invalid",
-                &format!(
-                    "{} {:?} is invalid: metadata.uid: Invalid value: {sent:?}: field is immutable",
-                    kind.kind, key.name
-                ),
-            ));
-        }
         let mut patched = stored.clone();
         match patch_type {
             // The API server takes strategic merge patches for built-in kinds only.
@@ -1446,7 +1467,19 @@ impl Host for MockHost {
             body: Some(parse_body(body)),
             ..Self::record(Verb::Create, kind, namespace, None)
         };
-        self.call(record, |st| st.create(kind, namespace, body))
+        let manager = self.field_manager(None);
+        self.call(record, |st| {
+            let out = st.create(kind, namespace, body)?;
+            // As the API server: the creator's field manager owns the fields, an `Update` entry.
+            let created: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+            let key = ObjectKey::new(
+                meta_str(&created, "namespace"),
+                meta_str(&created, "name").unwrap_or_default(),
+            );
+            Ok(st
+                .note_manager(kind, &key, &manager, "Update")
+                .unwrap_or(out))
+        })
     }
 
     fn replace(&self, kind: &KindRef, key: &ObjectKey, body: &str) -> Result<String, ApiError> {

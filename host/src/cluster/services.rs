@@ -500,12 +500,24 @@ impl Services {
             reach.metrics.invalid_call(&self.plugin, verb);
             return Err(ApiFailure::bad_request(e.to_string()));
         }
+        // A create names its object in the body: the guard of protected namespaces' own objects
+        // needs that name (children are created this way too).
+        let created_namespace = (req.verb == crate::cluster::api::Verb::Create
+            && req.name.is_none()
+            && req.kind.group.is_empty()
+            && req.kind.kind == "Namespace")
+            .then(|| {
+                req.body
+                    .and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+                    .and_then(|v| v["metadata"]["name"].as_str().map(str::to_string))
+            })
+            .flatten();
         let resolved = match reach.grants.check(
             req.kind,
             req.subresource,
             verb,
             req.namespace,
-            req.name,
+            req.name.or(created_namespace.as_deref()),
         ) {
             Ok(r) => r,
             Err(Refusal::Undeclared { resource }) => {

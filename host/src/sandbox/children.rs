@@ -338,16 +338,23 @@ impl CallCtx {
     ) -> wasmtime::Result<Result<String, ApiError>> {
         let kind = kind_ref(&r.kind);
         let mut known = self.cached_existing(parent, &kind, &key);
+        let mut created = false;
         if known == Existing::Absent {
-            let created = client::Host::create(
+            let created_now = client::Host::create(
                 self,
                 kind.clone(),
                 key.namespace.clone(),
                 r.body.to_string(),
             )
             .await?;
-            known = match created {
-                Ok(body) => Existing::Ours(applyset::uid_of(&body)),
+            known = match created_now {
+                Ok(body) => match applyset::uid_of(&body) {
+                    Some(uid) => {
+                        created = true;
+                        Existing::Ours(Some(uid))
+                    }
+                    None => Existing::Other,
+                },
                 Err(e) if e.code == 409 => {
                     match client::Host::get(self, kind.clone(), key.clone()).await? {
                         Ok(body) => applyset::classify(Some(&body), parent),
@@ -359,6 +366,14 @@ impl CallCtx {
         }
         let uid = match known {
             Existing::Ours(uid) => uid,
+            Existing::Unwatched => {
+                let (code, reason, message) = applyset::unwatched();
+                return Ok(Err(ApiError {
+                    code,
+                    reason: reason.into(),
+                    message: message.into(),
+                }));
+            }
             _ => {
                 let (code, reason, message) = applyset::not_taken_over();
                 return Ok(Err(ApiError {
@@ -373,20 +388,47 @@ impl CallCtx {
             force,
             dry_run: false,
         };
-        client::Host::patch(
+        let applied = client::Host::patch(
             self,
-            kind,
-            key,
+            kind.clone(),
+            key.clone(),
             client::PatchType::Apply,
             applyset::with_uid(&r.body, uid.as_deref()).to_string(),
             options,
         )
-        .await
+        .await?;
+        // The create left an `Update` entry of the plugin's manager beside the apply's: dropped,
+        // so the child's fields are its applied ones only (best effort: a prune accepts either).
+        if created
+            && let Ok(body) = &applied
+            && let Some(patch) = applyset::forget_create(body, &self.field_manager())
+        {
+            let options = client::PatchOptions {
+                field_manager_suffix: None,
+                force: false,
+                dry_run: false,
+            };
+            let _ = client::Host::patch(
+                self,
+                kind,
+                key,
+                client::PatchType::Json,
+                patch.to_string(),
+                options,
+            )
+            .await?;
+        }
+        Ok(applied)
+    }
+
+    /// The plugin's own field manager, `wcm:NAME`.
+    fn field_manager(&self) -> String {
+        CallOptions::default().field_manager(self.services.plugin_name())
     }
 
     /// What the plugin's informer cache holds under a child's name (read without a call of the
     /// plugin's; recorded, so a replay takes the same decision). A kind the plugin does not
-    /// watch reads as absent: the create that follows finds out.
+    /// watch is `Unwatched`: refused, rather than a create and a read on every reconcile.
     fn cached_existing(&mut self, parent: &Parent, kind: &KindRef, key: &ObjectKey) -> Existing {
         let args = serde_json::json!({
             "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
@@ -396,13 +438,22 @@ impl CallCtx {
             return Existing::from_json(&answer);
         }
         let stored = crate::cluster::services::store_key(key);
-        let existing = self
-            .services
-            .cache_stores(kind)
-            .iter()
-            .find_map(|s| s.get(&stored))
-            .map(|o| o.json.to_string());
-        let known = applyset::classify(existing.as_deref(), parent);
+        let stores = self.services.cache_stores(kind);
+        let known = if stores.is_empty() {
+            if self.services.covers(&KindKey::from(kind)) {
+                Existing::Unwatched
+            } else {
+                // Not even declared: the create is refused by the host's own check (403
+                // NotDeclared), and never reaches the API server.
+                Existing::Absent
+            }
+        } else {
+            let existing = stores
+                .iter()
+                .find_map(|s| s.get(&stored))
+                .map(|o| o.json.to_string());
+            applyset::classify(existing.as_deref(), parent)
+        };
         self.taped("children.may-apply", args, || known.to_json());
         known
     }

@@ -368,7 +368,8 @@ mod tests {
     #[test]
     fn events_without_uid_when_the_cache_has_none() {
         let host = MockHost::for_reconciler::<PodCounter>();
-        host.seed(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "ns"}}));
+        // In the cache only, without a uid (the API server always gives one).
+        host.seed_cache(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "ns"}}));
         host.run::<PodCounter>(aggregate()).expect("reconciled");
         assert_eq!(host.events()[0].regarding.uid, None);
     }

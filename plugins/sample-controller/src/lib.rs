@@ -34,6 +34,8 @@ use wcm_sdk::{Permission, Request, Typed, Watch};
 #[serde(rename_all = "camelCase")]
 pub struct FooSpec {
     pub deployment_name: String,
+    // As upstream's CRD: whoever may write a Foo gets at most 10 Pods from it.
+    #[schemars(range(min = 1, max = 10))]
     pub replicas: Option<i32>,
 }
 
@@ -47,6 +49,7 @@ pub struct FooStatus {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct Available {
+    metadata: ObjectMeta,
     status: AvailableStatus,
 }
 #[derive(Deserialize, Default)]
@@ -118,13 +121,22 @@ impl Controller for SampleController {
             ..Default::default()
         };
 
-        // The status follows what the cluster has, read from the cache.
-        let available = ctx
+        // The status follows its own Deployment (one the Foo does not control is not its to
+        // report), read from the cache.
+        let current = ctx
             .cache::<Deployment>()
             .get_as::<Available>(&ObjectKey::namespaced(ns, name))?
             .unwrap_or_default();
+        let owners = current.metadata.owner_references.unwrap_or_default();
+        let ours = owners
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == obj.metadata.uid.as_ref());
         let status = FooStatus {
-            available_replicas: available.status.available_replicas,
+            available_replicas: if ours {
+                current.status.available_replicas
+            } else {
+                0
+            },
         };
         if write_status_if_changed(&ctx.api_namespaced::<Foo>(ns), &obj, &status)? {
             ctx.recorder()
