@@ -194,16 +194,7 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
         "an object the plugin did not apply was pruned"
     );
     assert!(services.get_opt("web").await?.is_some());
-    let deletes: Vec<String> = env
-        .audit_events_since(mark)?
-        .into_iter()
-        .filter(|e| e.verb == "delete" && e.stage == "ResponseComplete")
-        .filter_map(|e| {
-            let o = e.object_ref.as_ref()?;
-            (o.namespace == ns.name)
-                .then(|| format!("{}/{} by {}", o.resource, o.name, e.effective_user()))
-        })
-        .collect();
+    let deletes = deletes_since(env, mark, &ns.name)?;
     assert_eq!(
         deletes,
         vec![format!("configmaps/b by {}", plugin_user(PLUGIN))],

@@ -189,16 +189,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         },
     )
     .await?;
-    let deletes: Vec<String> = env
-        .audit_events_since(mark)?
-        .into_iter()
-        .filter(|e| e.verb == "delete" && e.stage == "ResponseComplete")
-        .filter_map(|e| {
-            let o = e.object_ref.as_ref()?;
-            (o.namespace == ns.name)
-                .then(|| format!("{}/{} by {}", o.resource, o.name, e.effective_user()))
-        })
-        .collect();
+    let deletes = deletes_since(env, mark, &ns.name)?;
     assert_eq!(
         deletes,
         vec![format!("deployments/web-a by {}", plugin_user(PLUGIN))]

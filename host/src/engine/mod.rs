@@ -12,5 +12,6 @@ pub mod informer;
 pub mod queue;
 pub mod rate_limit;
 pub mod schedule;
+pub mod shard;
 pub mod shrink;
 pub mod subscription;

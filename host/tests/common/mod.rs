@@ -487,6 +487,25 @@ pub fn recording_creating_network(
 
 /// The user a plugin acts as (its ServiceAccount in the default identity namespace), as the audit
 /// log names it.
+/// The deletes in `namespace` the API server's audit log saw since `mark`, as
+/// `resource/name by user`.
+pub fn deletes_since(
+    env: &testenv::TestEnv,
+    mark: testenv::AuditMark,
+    namespace: &str,
+) -> Result<Vec<String>> {
+    Ok(env
+        .audit_events_since(mark)?
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.stage == "ResponseComplete")
+        .filter_map(|e| {
+            let o = e.object_ref.as_ref()?;
+            (o.namespace == namespace)
+                .then(|| format!("{}/{} by {}", o.resource, o.name, e.effective_user()))
+        })
+        .collect())
+}
+
 pub fn plugin_user(plugin: &str) -> String {
     format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
 }

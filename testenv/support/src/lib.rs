@@ -82,6 +82,11 @@ impl TestEnv {
             !existing_cluster_requested(),
             "a cluster of its own needs the local testenv, not WCM_USE_EXISTING_CLUSTER"
         );
+        Self::start_local(extra_args).await
+    }
+
+    /// The local cluster, started with `extra_args`, its CRDs installed.
+    async fn start_local(extra_args: &[&str]) -> Result<TestEnv> {
         let bin = testenv_binary()?;
         let args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
         let control = tokio::task::spawn_blocking(move || {
@@ -104,28 +109,16 @@ impl TestEnv {
     }
 
     async fn start() -> Result<TestEnv> {
-        let env = if existing_cluster_requested() {
-            let kubeconfig = Kubeconfig::read().context(
-                "WCM_USE_EXISTING_CLUSTER is set but no kubeconfig could be read (KUBECONFIG or ~/.kube/config)",
-            )?;
-            TestEnv {
-                kubeconfig,
-                kubeconfig_path: std::env::var_os("KUBECONFIG").map(PathBuf::from),
-                control: None,
-            }
-        } else {
-            let bin = testenv_binary()?;
-            let control = tokio::task::spawn_blocking(move || Control::spawn(&bin, &[]))
-                .await
-                .context("testenv start task failed")??;
-            let path = PathBuf::from(&control.info().kubeconfig);
-            let kubeconfig = Kubeconfig::read_from(&path)
-                .with_context(|| format!("read the testenv kubeconfig {}", path.display()))?;
-            TestEnv {
-                kubeconfig,
-                kubeconfig_path: Some(path),
-                control: Some(control),
-            }
+        if !existing_cluster_requested() {
+            return Self::start_local(&[]).await;
+        }
+        let kubeconfig = Kubeconfig::read().context(
+            "WCM_USE_EXISTING_CLUSTER is set but no kubeconfig could be read (KUBECONFIG or ~/.kube/config)",
+        )?;
+        let env = TestEnv {
+            kubeconfig,
+            kubeconfig_path: std::env::var_os("KUBECONFIG").map(PathBuf::from),
+            control: None,
         };
         let client = env.client().await?;
         crds::install_all(&client, &manifests_dir().join("crds")).await?;
