@@ -125,6 +125,8 @@ struct Snapshot {
     reconciles: f64,
     depth: f64,
     active: f64,
+    /// Events written or dropped for the plugin (prunes record one per child, at `--event-qps`).
+    events: f64,
 }
 
 impl Bench {
@@ -143,27 +145,37 @@ impl Bench {
                 "controller_runtime_active_workers",
                 &[("controller", plugin)],
             ),
+            events: testenv::sum_metric(&text, "wcm_events_written_total", &[("plugin", plugin)])
+                + testenv::sum_metric(&text, "wcm_events_dropped_total", &[("plugin", plugin)]),
         };
         self.poll_cpu += thread_cpu() - t;
         s
     }
 
     /// Waits until `plugin` has run at least `at_least` reconciles in all, its queue is empty and
-    /// none ran for [`SETTLE`]; the total and when it last changed.
+    /// no reconcile ran and no event was written for [`SETTLE`] (the events a round causes are
+    /// its cost); the total and when it last changed.
     async fn settle(&mut self, plugin: &str, at_least: f64, what: &str) -> (f64, Instant) {
         let start = Instant::now();
         let mut last = f64::NAN;
         let mut changed = Instant::now();
+        let mut events = f64::NAN;
+        let mut events_changed = Instant::now();
         loop {
             let s = self.snapshot(plugin);
             if s.reconciles != last {
                 last = s.reconciles;
                 changed = Instant::now();
             }
+            if s.events != events {
+                events = s.events;
+                events_changed = Instant::now();
+            }
             if s.reconciles >= at_least
                 && s.depth == 0.0
                 && s.active == 0.0
                 && changed.elapsed() >= SETTLE
+                && events_changed.elapsed() >= SETTLE
             {
                 return (last, changed);
             }
@@ -481,6 +493,12 @@ async fn run() {
     );
     print_round(&schedule_round, n);
     println!("  ticks counted: {ticks}");
+    // It would tick into the next rounds every minute: removed.
+    std::fs::remove_file(b.dir.join(format!("{SCHEDULE}.wasm"))).expect("remove");
+    common::wait_until("features-schedule stopped", Duration::from_secs(60), || {
+        common::metric(&b.manager, "wcm_plugins_loaded", &[]) == 1.0
+    })
+    .await;
 
     // 5: traces off, then on (a global subscriber cannot be taken back: last).
     println!("\ntraces:");
