@@ -176,10 +176,12 @@ pub enum Outcome {
 /// merge patch that also clears what the new status leaves out (`null` for each removed field).
 /// Returns whether it wrote. Needs the `patch` permission on `"<plural>/status"`.
 ///
-/// The patch carries `obj`'s `resourceVersion`: when the object changed since `obj` was read (a
-/// cache a moment behind, another writer's status), the API server answers 409 Conflict and the
-/// reconcile is retried with the object as it is now, rather than clearing what it did not see.
-/// Build `status` from `obj`'s status.
+/// As controller-runtime's `Status().Patch(MergeFrom(obj))`, the patch carries no
+/// `resourceVersion`: a plugin's own last status write, not yet back in its cache, does not make
+/// every next write a 409 and a retry. What `obj` (a read a moment behind) did not hold is left as
+/// it is; only fields `obj` held and `status` leaves out are cleared. Build `status` from `obj`'s
+/// status, and keep fields other writers own out of it. A plugin that must not overwrite a
+/// concurrent writer's status sends its own merge patch with `metadata.resourceVersion`.
 pub fn write_status_if_changed<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<bool, ApiError>
 where
     K: Resource + Serialize + DeserializeOwned,
@@ -200,12 +202,6 @@ where
         return Ok(false);
     }
     let mut patch = Map::new();
-    if let Some(rv) = &obj.meta().resource_version {
-        patch.insert(
-            "metadata".into(),
-            serde_json::json!({"resourceVersion": rv}),
-        );
-    }
     patch.insert("status".into(), merge_diff(&old, &new));
     api.patch_status(&name, &Patch::Merge(Value::Object(patch)))?;
     Ok(true)
