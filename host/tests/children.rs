@@ -20,22 +20,6 @@ use wasm_controller_manager::sandbox::tape::RecordWhat;
 
 const PLUGIN: &str = "children-probe";
 
-fn managers(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Vec<(String, String)> {
-    meta.managed_fields
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| {
-            (
-                m.manager.unwrap_or_default(),
-                m.operation.unwrap_or_default(),
-            )
-        })
-        .collect()
-}
-
 async fn set_children(cms: &Api<ConfigMap>, children: &str) -> Result<()> {
     cms.patch(
         "owner",

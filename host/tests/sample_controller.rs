@@ -96,19 +96,7 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         ),
         ("Foo", uid.as_str(), Some(true))
     );
-    let managers: Vec<(String, String)> = web_a
-        .metadata
-        .managed_fields
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| {
-            (
-                m.manager.unwrap_or_default(),
-                m.operation.unwrap_or_default(),
-            )
-        })
-        .collect();
+    let managers = managers(&web_a.metadata);
     assert!(
         managers.contains(&(format!("wcm:{PLUGIN}"), "Apply".into())),
         "{managers:?}"

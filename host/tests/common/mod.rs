@@ -506,6 +506,23 @@ pub fn deletes_since(
         .collect())
 }
 
+/// The (manager, operation) pairs of an object's managedFields.
+pub fn managers(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<(String, String)> {
+    meta.managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            (
+                m.manager.unwrap_or_default(),
+                m.operation.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
 pub fn plugin_user(plugin: &str) -> String {
     format!("system:serviceaccount:wcm-system:wcm-plugin-{plugin}")
 }
