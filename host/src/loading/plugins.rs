@@ -240,6 +240,10 @@ pub struct PluginManager {
     rescan_lock: Mutex<()>,
     /// Compiled components by digest, for the files in the directory (pruned at each rescan).
     compiled: Mutex<HashMap<String, Arc<Compiled>>>,
+    /// A turn per digest being compiled now: files with the same bytes loading at once wait for
+    /// the first compile and take its result from `compiled` (an entry lives while someone holds or
+    /// waits for it).
+    compiling: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// What `describe` returned, by file stem, for the content and settings it was for (pruned at
     /// each rescan): a file that waits is not described again each time it is tried.
     described: std::sync::Mutex<HashMap<String, (OnDisk, Arc<Description>)>>,
@@ -344,6 +348,7 @@ impl PluginManager {
             waiting: Mutex::default(),
             rescan_lock: Mutex::new(()),
             compiled: Mutex::default(),
+            compiling: std::sync::Mutex::default(),
             described: Default::default(),
             loading: Default::default(),
             claims: Default::default(),

@@ -506,7 +506,14 @@ impl PluginManager {
     /// before (a waiting plugin is tried again every few seconds; it is not compiled each time).
     /// The compile stops when the file changes or goes meanwhile (the rescan cancels it), and when
     /// this future is dropped (the load cancelled, the host stopping): its child is killed.
+    /// Files with the same bytes loading at once compile them once: the others wait for that turn
+    /// and take its result (a cancelled compile leaves the turn to the next one, which compiles).
     async fn compile(&self, stem: &str, disk: &OnDisk) -> anyhow::Result<Arc<Compiled>> {
+        if let Some(c) = self.compiled.lock().await.get(&disk.wasm_sha) {
+            return Ok(c.clone());
+        }
+        let turn = CompileTurn::take(&self.compiling, &disk.wasm_sha);
+        let _held = turn.turn.lock().await;
         if let Some(c) = self.compiled.lock().await.get(&disk.wasm_sha) {
             return Ok(c.clone());
         }
@@ -624,5 +631,38 @@ async fn api_server_ips(config: &kube::Config) -> Vec<IpAddr> {
     match tokio::net::lookup_host((host, port)).await {
         Ok(addrs) => addrs.map(|a| a.ip()).collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+/// A place in the line for one digest's compile; the entry leaves the map with the last one
+/// holding or waiting for it (also when the load is dropped).
+struct CompileTurn<'a> {
+    map: &'a std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    sha: String,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> CompileTurn<'a> {
+    fn take(
+        map: &'a std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+        sha: &str,
+    ) -> Self {
+        let turn = lock(map).entry(sha.to_string()).or_default().clone();
+        CompileTurn {
+            map,
+            sha: sha.to_string(),
+            turn,
+        }
+    }
+}
+
+impl Drop for CompileTurn<'_> {
+    fn drop(&mut self) {
+        let mut map = lock(self.map);
+        // The map's and this one's: no one else holds or waits for the turn (a clone is made only
+        // under this lock).
+        if Arc::strong_count(&self.turn) <= 2 {
+            map.remove(&self.sha);
+        }
     }
 }
