@@ -570,7 +570,10 @@ async fn per_plugin_leases_share_the_plugins_and_take_over_a_lost_replica() -> R
     let compiles = std::fs::read_to_string(logs.join("third.log"))?
         .matches("component compiled in a child process")
         .count();
-    assert_eq!(compiles, 1, "four identical files compiled {compiles} times");
+    assert_eq!(
+        compiles, 1,
+        "four identical files compiled {compiles} times"
+    );
     let termed = Instant::now();
     second.terminate()?;
     eventually(
