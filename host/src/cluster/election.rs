@@ -9,6 +9,10 @@
 //!   by name first) once their in-flight reconciles are done. A replica that dies stops renewing
 //!   both kinds of Lease, so its plugins are taken over once its leases expire, when the
 //!   survivors' shares have grown.
+//! - **Sharded plugins** (`shards` in NAME.toml, per-plugin mode only): each of the plugin's
+//!   ranges of the hash space is a unit with a Lease of its own (`LEASE-plugin-PLUGIN-shard-BY-K-of-N`),
+//!   shared among the replicas by the same rule, within the plugin: a replica holds about
+//!   `ceil(N / members)` of them ([`super::shards`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,7 +59,9 @@ pub struct Gate {
     /// The holder of the Lease this plugin follows, when an election is held.
     pub leader: Option<watch::Receiver<Option<String>>>,
     /// Per plugin: keeps the plugin's elector running while a controller uses it.
-    _lease: Option<Arc<PluginLease>>,
+    pub(super) _lease: Option<Arc<PluginLease>>,
+    /// A sharded plugin's ranges, each with its own Lease; `None`: the plugin is one unit.
+    pub sharding: Option<Arc<super::shards::Sharding>>,
 }
 
 impl Gate {
@@ -83,8 +89,16 @@ pub enum Election {
 
 impl Election {
     /// The gate of plugin `plugin`. Per plugin, the first gate joins the plugin's election and
-    /// the Lease is released when the last gate of that plugin is dropped.
-    pub fn gate(&self, plugin: &str) -> Gate {
+    /// the Lease is released when the last gate of that plugin is dropped. `sharded` (per-plugin
+    /// mode only) splits it into that many ranges by that hash, each a unit of its own.
+    pub fn gate(
+        &self,
+        plugin: &str,
+        sharded: Option<(u32, crate::engine::shard::ShardBy)>,
+    ) -> Gate {
+        if let (Election::PerPlugin(leases), Some((n, by))) = (self, sharded) {
+            return super::shards::sharded_gate(leases, plugin, n, by);
+        }
         match self {
             Election::Shared {
                 taking,
@@ -96,6 +110,7 @@ impl Election {
                 in_flight: Arc::default(),
                 leader: leader.clone(),
                 _lease: None,
+                sharding: None,
             },
             Election::PerPlugin(leases) => PluginLeases::gate(leases, plugin),
         }
@@ -125,11 +140,11 @@ pub struct PluginLeases {
     settings: LeaderSettings,
     metrics: Arc<Metrics>,
     /// False once the manager stops: no gate opens again.
-    open: watch::Receiver<bool>,
+    pub(super) open: watch::Receiver<bool>,
     shares: Arc<Shares>,
-    /// The live elections, by plugin: the gates' handle, and the elector (released when the
-    /// last gate goes, or all together at shutdown).
-    leases: Mutex<HashMap<String, Weak<PluginLease>>>,
+    /// The live elections, by unit (a plugin, or one shard of a sharded plugin): the gates'
+    /// handle, and the elector (released when the last gate goes, or all together at shutdown).
+    pub(super) leases: Mutex<HashMap<String, Weak<PluginLease>>>,
     electors: Mutex<HashMap<String, (u64, Leadership)>>,
     /// Each election of a plugin on this replica gets a new generation (and identity), so the
     /// release of a stopped one can never touch its successor's Lease or entries.
@@ -142,44 +157,47 @@ pub struct PluginLeases {
 struct Shares {
     /// Live replicas (at least this one).
     members: AtomicUsize,
-    /// Every plugin with an election on this replica: whether it holds the plugin's Lease, and
-    /// its in-flight reconciles.
+    /// Every unit with an election on this replica: whether it holds the unit's Lease, and its
+    /// in-flight reconciles.
     plugins: Mutex<BTreeMap<String, Member>>,
 }
 
-/// A plugin in the shares: the generation of its election on this replica, whether this replica
-/// holds its Lease, and its in-flight reconciles.
-type Member = (u64, watch::Receiver<bool>, Arc<AtomicUsize>);
+/// A unit in the shares: the generation of its election on this replica, whether this replica
+/// holds its Lease, its in-flight reconciles, and its pool (units are shared out within their
+/// pool: "" for whole plugins, a sharded plugin's name for its shards).
+type Member = (u64, watch::Receiver<bool>, Arc<AtomicUsize>, String);
 
 impl Shares {
-    /// How many plugin Leases this replica holds, how many it should, and which it holds.
-    fn counts(&self) -> (usize, usize, Vec<String>) {
+    /// How many Leases of `pool` this replica holds, how many it should, and which it holds.
+    fn counts(&self, pool: &str) -> (usize, usize, Vec<String>) {
         let plugins = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members.load(Ordering::Relaxed).max(1);
-        let share = plugins.len().div_ceil(members);
+        let units = plugins.values().filter(|m| m.3 == pool).count();
+        let share = units.div_ceil(members);
         let held: Vec<String> = plugins
             .iter()
-            .filter(|(_, (_, holds, _))| *holds.borrow())
+            .filter(|(_, (_, holds, _, p))| p == pool && *holds.borrow())
             .map(|(p, _)| p.clone())
             .collect();
         (held.len(), share, held)
     }
 }
 
-/// One plugin's policy under the shares.
+/// One unit's policy under the shares of its pool.
 struct Share {
     plugin: String,
+    pool: String,
     shares: Arc<Shares>,
 }
 
 impl LeasePolicy for Share {
     fn may_acquire(&self) -> bool {
-        let (held, share, _) = self.shares.counts();
+        let (held, share, _) = self.shares.counts(&self.pool);
         held < share
     }
 
     fn should_release(&self) -> bool {
-        let (held, share, names) = self.shares.counts();
+        let (held, share, names) = self.shares.counts(&self.pool);
         // The Leases past the share, by name: every replica picks the same ones to give up.
         held > share && names.iter().skip(share).any(|p| *p == self.plugin)
     }
@@ -192,21 +210,23 @@ impl LeasePolicy for Share {
             .unwrap_or_else(|p| p.into_inner());
         plugins
             .get(&self.plugin)
-            .is_some_and(|(_, _, n)| n.load(Ordering::SeqCst) > 0)
+            .is_some_and(|(_, _, n, _)| n.load(Ordering::SeqCst) > 0)
     }
 }
 
-/// One plugin's election on this replica, shared by its gates. When the last goes (the plugin
+/// One unit's election on this replica, shared by its gates. When the last goes (the plugin
 /// stopped), the plugin's Lease is released, unless the manager is stopping: then
 /// [`PluginLeases::release_all`] releases every Lease once in-flight work is done.
 pub struct PluginLease {
     plugin: String,
+    /// The name of its Lease.
+    lease: String,
     generation: u64,
     owner: Weak<PluginLeases>,
-    taking: watch::Receiver<bool>,
-    tenure: Arc<Tenure>,
-    leader: watch::Receiver<Option<String>>,
-    in_flight: Arc<AtomicUsize>,
+    pub(super) taking: watch::Receiver<bool>,
+    pub(super) tenure: Arc<Tenure>,
+    pub(super) leader: watch::Receiver<Option<String>>,
+    pub(super) in_flight: Arc<AtomicUsize>,
 }
 
 impl Drop for PluginLease {
@@ -237,7 +257,7 @@ impl Drop for PluginLease {
             }
         };
         if let (Some(l), Ok(rt)) = (elector, tokio::runtime::Handle::try_current()) {
-            let lease = owner.lease_name(&self.plugin);
+            let lease = self.lease.clone();
             let plugin = self.plugin.clone();
             let owner = self.owner.clone();
             rt.spawn(async move {
@@ -292,9 +312,14 @@ impl PluginLeases {
         }))
     }
 
-    /// How many plugin Leases this replica holds.
+    /// How many Leases (of plugins and of shards) this replica holds.
     pub fn held(&self) -> usize {
-        self.shares.counts().0
+        let plugins = self
+            .shares
+            .plugins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        plugins.values().filter(|m| *m.1.borrow()).count()
     }
 
     fn gate(self: &Arc<Self>, plugin: &str) -> Gate {
@@ -303,7 +328,7 @@ impl PluginLeases {
         let lease = match leases.get(plugin).and_then(Weak::upgrade) {
             Some(l) => l,
             None => {
-                let l = Arc::new(self.join(plugin));
+                let l = Arc::new(self.join(plugin, "", &self.lease_name(plugin)));
                 leases.insert(plugin.to_string(), Arc::downgrade(&l));
                 l
             }
@@ -314,17 +339,25 @@ impl PluginLeases {
             in_flight: lease.in_flight.clone(),
             leader: Some(lease.leader.clone()),
             _lease: Some(lease),
+            sharding: None,
         }
     }
 
     /// The name of `plugin`'s Lease.
-    fn lease_name(&self, plugin: &str) -> String {
+    pub(super) fn lease_name(&self, plugin: &str) -> String {
         format!("{}-plugin-{plugin}", self.settings.lease_name)
     }
 
-    fn join(self: &Arc<Self>, plugin: &str) -> PluginLease {
+    /// Joins the election of unit `plugin` (a plugin, or a shard) in `pool`, on Lease
+    /// `lease_name`.
+    pub(super) fn join(
+        self: &Arc<Self>,
+        plugin: &str,
+        pool: &str,
+        lease_name: &str,
+    ) -> PluginLease {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let lease_name = self.lease_name(plugin);
+        let lease_name = lease_name.to_string();
         let settings = LeaderSettings {
             lease_name: lease_name.clone(),
             identity: format!("{}-{generation}", self.settings.identity),
@@ -333,6 +366,7 @@ impl PluginLeases {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let policy = Arc::new(Share {
             plugin: plugin.to_string(),
+            pool: pool.to_string(),
             shares: self.shares.clone(),
         });
         // The settings were checked when the leases started; a failure here cannot happen, but
@@ -360,7 +394,12 @@ impl PluginLeases {
             .unwrap_or_else(|p| p.into_inner())
             .insert(
                 plugin.to_string(),
-                (generation, holds.clone(), in_flight.clone()),
+                (
+                    generation,
+                    holds.clone(),
+                    in_flight.clone(),
+                    pool.to_string(),
+                ),
             );
         if let Some(l) = leadership {
             // A previous elector of this plugin (its gates just went) is replaced, not leaked.
@@ -379,6 +418,7 @@ impl PluginLeases {
         }
         PluginLease {
             plugin: plugin.to_string(),
+            lease: lease_name,
             generation,
             owner: Arc::downgrade(self),
             taking,
@@ -409,7 +449,10 @@ impl PluginLeases {
 }
 
 /// A receiver that is true while both inputs are; it ends with them or when nobody listens.
-fn all_of(mut a: watch::Receiver<bool>, mut b: watch::Receiver<bool>) -> watch::Receiver<bool> {
+pub(super) fn all_of(
+    mut a: watch::Receiver<bool>,
+    mut b: watch::Receiver<bool>,
+) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(*a.borrow_and_update() && *b.borrow_and_update());
     tokio::spawn(async move {
         loop {

@@ -14,4 +14,5 @@ pub mod rbac;
 pub mod reach;
 pub mod scope;
 pub mod services;
+pub mod shards;
 pub mod tenure;

@@ -281,6 +281,20 @@ impl Budgets {
     }
 }
 
+tokio::task_local! {
+    /// The tenure the writes of the reconcile running in this task go under, when it is not the
+    /// plugin's own: a sharded plugin's key is written for only while this replica holds the
+    /// key's range (set by the worker around the call, which runs in the worker's task).
+    pub static KEY_TENURE: Arc<crate::cluster::tenure::Tenure>;
+}
+
+/// The tenure a write made now goes under: the key's range's, else the plugin's.
+fn write_tenure(reach: &Reach) -> Arc<crate::cluster::tenure::Tenure> {
+    KEY_TENURE
+        .try_with(Arc::clone)
+        .unwrap_or_else(|_| reach.tenure.clone())
+}
+
 /// What only a loaded plugin has (a plugin being described has none of it).
 pub struct Reach {
     pub grants: Grants,
@@ -492,7 +506,8 @@ impl Services {
             req.verb,
             crate::cluster::api::Verb::Get | crate::cluster::api::Verb::List
         );
-        if writes && !reach.tenure.is_open() {
+        let tenure = write_tenure(reach);
+        if writes && !tenure.is_open() {
             return Err(ApiFailure::not_leader());
         }
         if let Err(e) = check_request(req) {
@@ -568,7 +583,7 @@ impl Services {
                 &self.plugin,
                 &resolved,
                 req,
-                writes.then_some(&reach.tenure),
+                writes.then_some(&tenure),
             )
             .await
     }
@@ -581,7 +596,7 @@ impl Services {
             tracing::debug!(plugin = %self.plugin, "event dropped: events are not available while describing");
             return;
         };
-        if !reach.tenure.is_open() {
+        if !write_tenure(reach).is_open() {
             tracing::debug!(plugin = %self.plugin, "event dropped: this replica no longer leads");
             return;
         }

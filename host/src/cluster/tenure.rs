@@ -29,6 +29,8 @@ use tokio::time::Instant;
 pub struct Tenure {
     state: Mutex<State>,
     idle: Notify,
+    /// A sharded plugin's tenure: open while one of its shards' is ([`Tenure::any_of`]).
+    any_of: Vec<Arc<Tenure>>,
 }
 
 #[derive(Debug)]
@@ -62,6 +64,22 @@ impl Tenure {
                 writes: 0,
             }),
             idle: Notify::new(),
+            any_of: Vec::new(),
+        })
+    }
+
+    /// Open while one of `parts` is: a sharded plugin's writes that belong to no one shard
+    /// (events sent later, a key whose object is gone). A write under it takes its pass from an
+    /// open part, and is cut when that part's tenure ends.
+    pub fn any_of(parts: Vec<Arc<Tenure>>) -> Arc<Tenure> {
+        Arc::new(Tenure {
+            state: Mutex::new(State {
+                open: false,
+                until: None,
+                writes: 0,
+            }),
+            idle: Notify::new(),
+            any_of: parts,
         })
     }
 
@@ -78,6 +96,7 @@ impl Tenure {
 
     /// Opens it (or extends it) until `until`: the elector after a successful renewal.
     pub(crate) fn open_until(&self, until: Instant) {
+        debug_assert!(self.any_of.is_empty(), "a union follows its parts");
         let mut s = self.lock();
         s.open = true;
         s.until = Some(s.until.map_or(until, |u| u.max(until)));
@@ -91,28 +110,43 @@ impl Tenure {
 
     /// Whether a write may start now.
     pub fn is_open(&self) -> bool {
+        if !self.any_of.is_empty() {
+            return self.any_of.iter().any(|t| t.is_open());
+        }
         let s = self.lock();
         s.open && s.until.is_none_or(|u| Instant::now() < u)
     }
 
     /// When the tenure ends as things stand (`None`: closed, or never).
     pub fn until(&self) -> Option<Instant> {
+        if !self.any_of.is_empty() {
+            return self.any_of.iter().filter_map(|t| t.until()).max();
+        }
         let s = self.lock();
         s.open.then_some(s.until).flatten()
     }
 
     /// When the tenure ended or ends (closed or not): no write of it is in flight past this.
     pub fn end(&self) -> Option<Instant> {
+        if !self.any_of.is_empty() {
+            return self.any_of.iter().filter_map(|t| t.end()).max();
+        }
         self.lock().until
     }
 
     /// Writes in flight.
     pub fn writes(&self) -> usize {
+        if !self.any_of.is_empty() {
+            return self.any_of.iter().map(|t| t.writes()).sum();
+        }
         self.lock().writes
     }
 
     /// A pass for one write sent now, or `None` when the tenure is closed or over.
     pub fn begin(self: &Arc<Self>) -> Option<WritePass> {
+        if !self.any_of.is_empty() {
+            return self.any_of.iter().find_map(|t| t.begin());
+        }
         let mut s = self.lock();
         if !s.open || s.until.is_some_and(|u| Instant::now() >= u) {
             return None;
@@ -126,6 +160,9 @@ impl Tenure {
     /// Returns once no write is in flight. Call it after [`Tenure::close`]: then none starts
     /// again, and the ones in flight end by their deadline at the latest.
     pub async fn idle(&self) {
+        for t in &self.any_of {
+            Box::pin(t.idle()).await;
+        }
         loop {
             let notified = self.idle.notified();
             tokio::pin!(notified);
@@ -249,6 +286,18 @@ mod tests {
             .await
             .expect("idle once the write ended")
             .expect("task");
+        // A union is open while one part is, and its write is cut with the part it went under.
+        let (a, b) = (Tenure::closed(), Tenure::closed());
+        let both = Tenure::any_of(vec![a.clone(), b.clone()]);
+        assert!(!both.is_open() && both.begin().is_none());
+        b.open_until(Instant::now() + Duration::from_secs(5));
+        assert!(both.is_open());
+        let pass = both.begin().expect("b is open");
+        assert_eq!((a.writes(), b.writes(), both.writes()), (0, 1, 1));
+        b.close();
+        assert!(!both.is_open(), "no part is open");
+        drop(pass);
+        assert_eq!(both.writes(), 0);
         let always = Tenure::unbounded();
         assert_eq!(always.begin().expect("open").deadline(), None);
     }

@@ -28,6 +28,7 @@ use crate::engine::informer::{Change, Informer, InformerKey, Informers, canonica
 use crate::engine::queue::WorkQueue;
 use crate::engine::rate_limit::{RateLimiter, RateLimits};
 use crate::engine::schedule::{ScheduleDebug, ScheduleRecords, ScheduleView, Scheduled, Scheduler};
+use crate::engine::sharded::KeyShards;
 use crate::metrics::Metrics;
 use crate::sandbox::{CallError, Compiled, Limits, Runtime, Warm};
 
@@ -154,6 +155,20 @@ pub struct ControllerDebug {
     pub leader: Option<String>,
     pub last_error: Option<LastError>,
     pub schedules: Vec<ScheduleDebug>,
+    /// A sharded plugin's ranges: what the hash is of, how many, and which this replica holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardsDebug>,
+}
+
+/// A sharded plugin's ranges as this replica sees them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ShardsDebug {
+    pub by: crate::engine::shard::ShardBy,
+    pub count: usize,
+    /// The indexes of the ranges this replica holds.
+    pub held: Vec<usize>,
+    /// Each range's Lease holder, as this replica last read it.
+    pub holders: Vec<Option<String>>,
 }
 
 /// The informers a description needs, in order: primary first. Two watches may need the same
@@ -265,6 +280,15 @@ impl Controller {
             })
             .collect();
 
+        let primary_store = informers
+            .first()
+            .map(|i| i.store().clone())
+            .unwrap_or_default();
+        // A sharded plugin: only the keys of the ranges this replica holds are queued and taken.
+        let shards = gate
+            .sharding
+            .clone()
+            .map(|sharding| KeyShards::new(sharding, primary_store.clone()));
         // Validated at load; a description that got here has well-formed filters.
         let filters = change_filter::filters(d).unwrap_or_default();
         // Keys past the cap of one change: logged at most once a minute for the plugin.
@@ -276,8 +300,14 @@ impl Controller {
             let filter = filters.get(i).copied().unwrap_or_default();
             let (metrics, plugin) = (parts.metrics.clone(), name.clone());
             let capped_logged = capped_logged.clone();
+            let shards = shards.clone();
+            let own = matches!(trigger, Trigger::Own);
             tasks.push(tokio::spawn(async move {
                 while let Some(change) = rx.recv().await {
+                    // A deleted primary's key stays in its range for a while (sharded by uid).
+                    if let (true, Some(s), Change::Deleted { old }) = (own, &shards, &change) {
+                        s.deleted(&old.key, &old.uid);
+                    }
                     if let Change::Applied {
                         old: Some(old),
                         new,
@@ -303,7 +333,9 @@ impl Controller {
                         }
                     }
                     for key in keys {
-                        q.add(key);
+                        if shards.as_ref().is_none_or(|s| s.mine(&key)) {
+                            q.add(key);
+                        }
                     }
                 }
             }));
@@ -324,25 +356,32 @@ impl Controller {
                 ));
             }
         }
-        let primary_store = informers
-            .first()
-            .map(|i| i.store().clone())
-            .unwrap_or_default();
         if let Some(period) = resync.filter(|p| !p.is_zero()) {
             let (q, store, fixed) = (queue.clone(), primary_store.clone(), fixed_keys.clone());
+            let shards = shards.clone();
             tasks.push(tokio::spawn(async move {
                 let mut tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                let mine = |k: &Key| shards.as_ref().is_none_or(|s| s.mine(k));
                 loop {
                     tick.tick().await;
                     for o in store.all() {
-                        q.add(o.key.clone());
+                        if mine(&o.key) {
+                            q.add(o.key.clone());
+                        }
                     }
-                    for k in &fixed {
+                    for k in fixed.iter().filter(|k| mine(k)) {
                         q.add(k.clone());
                     }
                 }
             }));
+        }
+        if let Some(s) = &shards {
+            tasks.push(tokio::spawn(s.clone().queue_ranges_taken(
+                name.clone(),
+                queue.clone(),
+                fixed_keys.clone(),
+            )));
         }
         {
             let (q, metrics, plugin) = (queue.clone(), parts.metrics.clone(), name.clone());
@@ -385,6 +424,7 @@ impl Controller {
                 gate: gate.clone(),
                 last_error: last_error.clone(),
                 scheduled: scheduled.clone(),
+                shards: shards.clone(),
             };
             tasks.push(tokio::spawn(w.run()));
         }
@@ -511,7 +551,21 @@ impl Controller {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            shards: self.gate.sharding.as_ref().map(|s| ShardsDebug {
+                by: s.by,
+                count: s.units.len(),
+                held: s.held(),
+                holders: s.units.iter().map(|u| u.leader()).collect(),
+            }),
         }
+    }
+
+    /// A sharded plugin's ranges: how many, and by what.
+    pub fn sharded(&self) -> Option<(u32, crate::engine::shard::ShardBy)> {
+        self.gate
+            .sharding
+            .as_ref()
+            .map(|s| (s.units.len() as u32, s.by))
     }
 }
 
@@ -615,6 +669,9 @@ struct Worker {
     last_error: LastErrorSlot,
     /// Keys a schedule's tick enqueued (the schedule's name goes with the request).
     scheduled: Scheduled,
+    /// A sharded plugin: a key is reconciled only while this replica holds its range, and its
+    /// writes go under that range's tenure.
+    shards: Option<KeyShards>,
 }
 
 /// How long an idle worker keeps a warm instance that holds a shared slot of the instance pool.
@@ -656,14 +713,52 @@ impl Worker {
                 self.queue.done(&key);
                 continue;
             }
+            // A sharded plugin's key: counted in its range's in-flight reconciles first (the
+            // range's Lease is not given up while one runs), then taken only if the range is
+            // still held; its writes go under the range's tenure.
+            let range = match &self.shards {
+                Some(s) => {
+                    let unit = s.unit(&key);
+                    let counted = unit.map(|u| InFlight::enter(u.in_flight()));
+                    match unit.filter(|u| u.is_taking()) {
+                        Some(u) => Some((counted, u.tenure().clone())),
+                        None => {
+                            // Not this replica's (any more): the holder of its range queued it.
+                            drop(counted);
+                            self.scheduled
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .remove(&key);
+                            self.queue.forget(&key);
+                            self.queue.done(&key);
+                            continue;
+                        }
+                    }
+                }
+                None => None,
+            };
             self.metrics.active_workers(&self.name, 1);
             // Counted out on drop: also when the task is aborted mid-call at a stop.
             let in_flight = InFlight::enter(&self.gate.in_flight);
-            let outcome = std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
-                .catch_unwind()
-                .await;
+            let outcome = match &range {
+                Some((_, tenure)) => {
+                    crate::cluster::services::KEY_TENURE
+                        .scope(
+                            tenure.clone(),
+                            std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
+                                .catch_unwind(),
+                        )
+                        .await
+                }
+                None => {
+                    std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
+                        .catch_unwind()
+                        .await
+                }
+            };
             self.metrics.active_workers(&self.name, -1);
             drop(in_flight);
+            drop(range);
             if outcome.is_err() {
                 // A bug on the host's side of this call: the worker carries on (with a fresh
                 // instance), and the key is retried with backoff instead of staying in flight.

@@ -13,5 +13,6 @@ pub mod queue;
 pub mod rate_limit;
 pub mod schedule;
 pub mod shard;
+pub mod sharded;
 pub mod shrink;
 pub mod subscription;

@@ -4,10 +4,12 @@
 //! or watch for those ranges only. The same test decides in the host where the API server cannot
 //! (the gate is off: the selector is ignored and every object comes).
 
-/// What an object's shard is computed from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an object's shard is computed from (`shard_by` in NAME.toml).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ShardBy {
     /// `metadata.uid`: the most even split; an object's secondaries land elsewhere.
+    #[default]
     Uid,
     /// `metadata.namespace`: every object of a namespace lands together (primaries and the
     /// secondaries in their namespace); as even as the namespaces are.
@@ -23,6 +25,18 @@ impl ShardBy {
         }
     }
 }
+
+impl std::fmt::Display for ShardBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShardBy::Uid => "uid",
+            ShardBy::Namespace => "namespace",
+        })
+    }
+}
+
+/// The most shards one plugin may have (each is a Lease renewed every retry period).
+pub const MAX_SHARDS: u32 = 64;
 
 /// 64-bit FNV-1a, the API server's shard hash (`k8s.io/apimachinery/pkg/sharding`).
 pub fn fnv1a64(s: &str) -> u64 {
@@ -84,14 +98,23 @@ pub fn selector(by: ShardBy, ranges: &[Range]) -> String {
         .join(" || ")
 }
 
+/// The index of the range of `ranges` (a [`split`]) holding `hash`.
+pub fn index_of(ranges: &[Range], hash: u64) -> Option<usize> {
+    ranges.iter().position(|r| r.contains(hash))
+}
+
+/// The hash an object is sharded by: of its UID, or of its namespace ("" when cluster-scoped).
+pub fn hash_of(by: ShardBy, uid: &str, namespace: Option<&str>) -> u64 {
+    fnv1a64(match by {
+        ShardBy::Uid => uid,
+        ShardBy::Namespace => namespace.unwrap_or(""),
+    })
+}
+
 /// Whether an object with this UID and namespace falls in one of `ranges` (the host's own
 /// filter, where the API server does not filter). A cluster-scoped object's namespace is "".
 pub fn holds(by: ShardBy, ranges: &[Range], uid: &str, namespace: Option<&str>) -> bool {
-    let key = match by {
-        ShardBy::Uid => uid,
-        ShardBy::Namespace => namespace.unwrap_or(""),
-    };
-    let h = fnv1a64(key);
+    let h = hash_of(by, uid, namespace);
     ranges.iter().any(|r| r.contains(h))
 }
 

@@ -95,7 +95,7 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         description: d,
         imports,
         exports,
-        ..
+        settings,
     } = describe_file(path, None).await?;
     let watch = |w: &Watch| -> serde_json::Value {
         serde_json::json!({
@@ -138,6 +138,7 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         "resyncSeconds": d.resync_seconds,
         "workers": d.workers,
         "isolation": declared_isolation,
+        "shards": settings.sharding().map(|(n, by)| serde_json::json!({"count": n, "by": by})),
         "permissions": d.permissions.iter().map(|p| serde_json::json!({"group": p.group, "resource": p.resource, "verbs": p.verbs})).collect::<Vec<_>>(),
         "outboundHosts": d.outbound_hosts,
         "configKeys": d.config_keys,
@@ -239,6 +240,16 @@ pub async fn inspect(path: &Path, json: bool) -> Result<String> {
         match declared_isolation {
             Some(i) => format!("{i} (declared; NAME.toml may override)"),
             None => "call (host default; NAME.toml may override)".into(),
+        },
+    );
+    line(
+        &mut out,
+        "shards",
+        match settings.sharding() {
+            Some((n, by)) => format!(
+                "{n} ranges by {by} (NAME.toml; with --leader-elect-mode per-plugin, replicas share them)"
+            ),
+            None => "none (one replica reconciles every key)".into(),
         },
     );
     for p in &d.permissions {

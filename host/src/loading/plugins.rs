@@ -557,6 +557,9 @@ impl PluginManager {
                         v["schedules"] =
                             serde_json::to_value(&d.schedules).unwrap_or_default();
                     }
+                    if let Some(shards) = &d.shards {
+                        v["shards"] = serde_json::to_value(shards).unwrap_or_default();
+                    }
                 }
                 v
             })

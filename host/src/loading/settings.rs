@@ -55,6 +55,13 @@ pub struct PluginSettings {
     pub max_watch_streams: Option<u32>,
     /// Series of the plugin's own metrics (default: --plugin-metric-series).
     pub max_metric_series: Option<u32>,
+    /// Sharded mode (needs `--leader-elect-mode per-plugin`): the plugin's keys are split by hash
+    /// into this many ranges, each led by one replica through a Lease of its own, so replicas
+    /// share one plugin's keys (2 to 64; absent: one replica leads the whole plugin).
+    pub shards: Option<u32>,
+    /// What a key's shard is the hash of: `"uid"` (default; the most even split) or
+    /// `"namespace"` (every object of a namespace lands on one replica).
+    pub shard_by: Option<crate::engine::shard::ShardBy>,
     /// Hosts the plugin may reach over HTTP (intersected with what it declares).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -107,10 +114,26 @@ impl PluginSettings {
         if s.http_qps.is_some_and(|q| !q.is_finite() || q < 0.0) {
             return Err("http_qps must be a number of at least 0 (0: no per-plugin limit)".into());
         }
+        if let Some(n) = s.shards
+            && !(2..=crate::engine::shard::MAX_SHARDS).contains(&n)
+        {
+            return Err(format!(
+                "shards must be from 2 to {} (leave it out for an unsharded plugin)",
+                crate::engine::shard::MAX_SHARDS
+            ));
+        }
+        if s.shard_by.is_some() && s.shards.is_none() {
+            return Err("shard_by needs shards (how many ranges the keys are split into)".into());
+        }
         if s.http_burst == Some(0) {
             return Err("http_burst must be at least 1".into());
         }
         Ok(s)
+    }
+
+    /// The sharded mode asked for: how many ranges, and by what.
+    pub fn sharding(&self) -> Option<(u32, crate::engine::shard::ShardBy)> {
+        self.shards.map(|n| (n, self.shard_by.unwrap_or_default()))
     }
 
     pub fn enabled(&self) -> bool {

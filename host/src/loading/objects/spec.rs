@@ -125,6 +125,9 @@ pub fn normal_authority(a: &str) -> String {
 }
 
 /// A registry host: DNS labels or an IPv4 address, optional port.
+/// The most `shards` a Plugin object's settings may ask for.
+pub const MAX_OBJECT_SHARDS: u32 = 16;
+
 pub fn check_authority(a: &str) -> Result<(), String> {
     let (host, port) = match a.rsplit_once(':') {
         Some((h, p)) => (h, Some(p)),
@@ -414,6 +417,13 @@ impl Ceilings {
             return Err(format!(
                 "settings.min_requeue_after_ms: a Plugin object may ask for at least the host's --min-requeue-after-ms ({})",
                 b.min_requeue_after.as_millis()
+            ));
+        }
+        // Each range is a Lease every replica reads each retry period: whoever may write Plugin
+        // objects gets a few, the operator's own NAME.toml more.
+        if s.shards.is_some_and(|n| n > MAX_OBJECT_SHARDS) {
+            return Err(format!(
+                "settings.shards: a Plugin object may ask for at most {MAX_OBJECT_SHARDS} ranges"
             ));
         }
         if s.workers.is_some_and(|w| w > self.max_workers) {

@@ -297,8 +297,29 @@ impl PluginManager {
             return Ok(());
         };
         let mut previous = previous.and_then(|p| p.controller);
+        // Sharded only where replicas share plugins by Lease; elsewhere one replica reconciles
+        // every key anyway.
+        let sharded = settings.sharding().filter(|_| {
+            let per_plugin = self.parts.election.mode() == "per-plugin";
+            if !per_plugin {
+                tracing::warn!(plugin = %name, "`shards` is set but the replicas do not share plugins (--leader-elect-mode per-plugin): the plugin runs unsharded");
+            }
+            per_plugin
+        });
+        if sharded.is_some() && !description.schedules.is_empty() {
+            return Err(anyhow::anyhow!(
+                "a sharded plugin (`shards` in its settings) may not declare schedules yet: each \
+                 replica would tick them; run it unsharded, or move the schedules to a plugin of \
+                 their own"
+            )
+            .into());
+        }
         let same_shape = match &previous {
-            Some(c) => c.name == name && c.fits(&keys, workers, &description, resync).await,
+            Some(c) => {
+                c.name == name
+                    && c.sharded() == sharded
+                    && c.fits(&keys, workers, &description, resync).await
+            }
             None => false,
         };
         // A restarted controller's new informers start before the old ones stop, so the streams
@@ -323,7 +344,7 @@ impl PluginManager {
             .map(|k| self.parts.informers.acquire(k.clone()))
             .collect();
         // Per plugin, the plugin's election; a version swapped in keeps the running one's.
-        let gate = self.parts.election.gate(&name);
+        let gate = self.parts.election.gate(&name, sharded);
         self.events
             .register(&name, identity.client().clone(), gate.tenure.clone());
         // The plugin's own metrics, exported from here on (a new version's replace the old ones').
@@ -513,7 +534,8 @@ impl PluginManager {
             return Ok(c.clone());
         }
         let turn = CompileTurn::take(&self.compiling, &disk.wasm_sha);
-        let _held = turn.turn.lock().await;
+        let mutex = turn.turn();
+        let _held = mutex.lock().await;
         if let Some(c) = self.compiled.lock().await.get(&disk.wasm_sha) {
             return Ok(c.clone());
         }
@@ -639,7 +661,7 @@ async fn api_server_ips(config: &kube::Config) -> Vec<IpAddr> {
 struct CompileTurn<'a> {
     map: &'a std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     sha: String,
-    turn: Arc<tokio::sync::Mutex<()>>,
+    turn: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl<'a> CompileTurn<'a> {
@@ -651,17 +673,25 @@ impl<'a> CompileTurn<'a> {
         CompileTurn {
             map,
             sha: sha.to_string(),
-            turn,
+            turn: Some(turn),
         }
+    }
+
+    fn turn(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.turn.clone().unwrap_or_default()
     }
 }
 
 impl Drop for CompileTurn<'_> {
     fn drop(&mut self) {
         let mut map = lock(self.map);
-        // The map's and this one's: no one else holds or waits for the turn (a clone is made only
-        // under this lock).
-        if Arc::strong_count(&self.turn) <= 2 {
+        // Let go of this one's under the lock; then only the map's left means no one else holds or
+        // waits for the turn (a clone is made only under this lock).
+        drop(self.turn.take());
+        if map
+            .get(&self.sha)
+            .is_some_and(|t| Arc::strong_count(t) == 1)
+        {
             map.remove(&self.sha);
         }
     }

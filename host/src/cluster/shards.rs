@@ -1,0 +1,156 @@
+//! A sharded plugin's units of work (issue #28): its keys split by hash into `shards` fixed ranges
+//! ([`crate::engine::shard::split`]), each range led by one replica through a Lease of its own
+//! (`LEASE-plugin-PLUGIN-shard-BY-K-of-N`: a layout of other N or BY names other Leases, never
+//! one of this layout's).
+//!
+//! The ranges are shared among the live replicas as whole plugins are ([`super::election`]):
+//! within the plugin, a replica takes a free or expired range's Lease only below its share
+//! `ceil(N / members)`, and gives up the ranges past its share (the last by index first) only once
+//! the reconciles in flight for keys of that range have ended and its writes are done. Every write
+//! of a reconcile is fenced by the tenure of the range its key belongs to, so no key is written
+//! for by two replicas at once; the replica that takes a range enqueues every key of it.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Weak};
+
+use tokio::sync::watch;
+
+use super::election::{Gate, PluginLease, PluginLeases, all_of};
+use super::tenure::Tenure;
+use crate::engine::shard::{Range, ShardBy, index_of, split};
+
+/// One range of a sharded plugin and its Lease on this replica.
+pub struct Unit {
+    pub index: usize,
+    pub range: Range,
+    /// Changes when this replica takes or gives up the range's Lease (or the manager stops).
+    pub taking: watch::Receiver<bool>,
+    lease: Arc<PluginLease>,
+    open: watch::Receiver<bool>,
+}
+
+impl Unit {
+    /// Whether this replica holds the range now: read from the elector's own flag (set before it
+    /// checks for in-flight reconciles), not from the combined channel a task forwards.
+    pub fn is_taking(&self) -> bool {
+        *self.lease.taking.borrow() && *self.open.borrow()
+    }
+
+    /// Fences the writes of a reconcile of one of this range's keys.
+    pub fn tenure(&self) -> &Arc<Tenure> {
+        &self.lease.tenure
+    }
+
+    /// Reconciles of this range's keys running now: its Lease is not given up while any runs.
+    pub fn in_flight(&self) -> &Arc<AtomicUsize> {
+        &self.lease.in_flight
+    }
+
+    /// Who holds the range's Lease, as this replica last read it.
+    pub fn leader(&self) -> Option<String> {
+        self.lease.leader.borrow().clone()
+    }
+}
+
+/// A sharded plugin's ranges on this replica.
+pub struct Sharding {
+    pub by: ShardBy,
+    pub units: Vec<Unit>,
+    ranges: Vec<Range>,
+}
+
+impl Sharding {
+    /// The range a hash falls in.
+    pub fn unit(&self, hash: u64) -> Option<&Unit> {
+        index_of(&self.ranges, hash).and_then(|i| self.units.get(i))
+    }
+
+    /// The indexes of the ranges this replica holds now.
+    pub fn held(&self) -> Vec<usize> {
+        self.units
+            .iter()
+            .filter(|u| u.is_taking())
+            .map(|u| u.index)
+            .collect()
+    }
+
+    /// The ranges this replica holds now.
+    pub fn held_ranges(&self) -> Vec<Range> {
+        self.units
+            .iter()
+            .filter(|u| u.is_taking())
+            .map(|u| u.range)
+            .collect()
+    }
+}
+
+/// The unit name of range `k` in the shares: its layout and index (sorted by index within the
+/// layout), so a new layout of a running plugin never reuses the old one's elections.
+fn unit_name(plugin: &str, by: ShardBy, k: u32, n: u32) -> String {
+    format!("{plugin}#{by}#{n:03}#{k:03}")
+}
+
+/// The gate of a plugin sharded into `n` ranges by `by`: it takes keys while it holds any range.
+pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by: ShardBy) -> Gate {
+    // Settings are checked at parse (2..=MAX_SHARDS); a caller passing less gets two ranges.
+    let n = n.clamp(2, crate::engine::shard::MAX_SHARDS);
+    let ranges = split(n);
+    let mut units = Vec::with_capacity(ranges.len());
+    {
+        let mut map = leases.leases.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, l| l.strong_count() > 0);
+        for (k, range) in (0..n).zip(ranges.iter().copied()) {
+            let name = unit_name(plugin, by, k, n);
+            let lease = match map.get(&name).and_then(Weak::upgrade) {
+                Some(l) => l,
+                None => {
+                    let lease_name = format!("{}-shard-{by}-{k}-of-{n}", leases.lease_name(plugin));
+                    let l = Arc::new(leases.join(&name, plugin, &lease_name));
+                    map.insert(name, Arc::downgrade(&l));
+                    l
+                }
+            };
+            units.push(Unit {
+                index: k as usize,
+                range,
+                taking: all_of(lease.taking.clone(), leases.open.clone()),
+                lease,
+                open: leases.open.clone(),
+            });
+        }
+    }
+    let taking = any_of(units.iter().map(|u| u.taking.clone()).collect());
+    let tenure = Tenure::any_of(units.iter().map(|u| u.lease.tenure.clone()).collect());
+    Gate {
+        taking,
+        tenure,
+        in_flight: Arc::default(),
+        leader: None,
+        _lease: None,
+        sharding: Some(Arc::new(Sharding { by, units, ranges })),
+    }
+}
+
+/// A receiver that is true while one of the inputs is; it ends when nobody listens.
+fn any_of(mut parts: Vec<watch::Receiver<bool>>) -> watch::Receiver<bool> {
+    let now =
+        |parts: &mut Vec<watch::Receiver<bool>>| parts.iter_mut().any(|p| *p.borrow_and_update());
+    let (tx, rx) = watch::channel(now(&mut parts));
+    tokio::spawn(async move {
+        // A part that ends (its elector gone) counts as false from then on.
+        while !parts.is_empty() {
+            let changed =
+                futures::future::select_all(parts.iter_mut().map(|p| Box::pin(p.changed())));
+            let ended = tokio::select! {
+                (r, i, _) = changed => r.is_err().then_some(i),
+                _ = tx.closed() => return,
+            };
+            if let Some(i) = ended {
+                parts.swap_remove(i);
+            }
+            tx.send_replace(now(&mut parts));
+        }
+        tx.send_replace(false);
+    });
+    rx
+}

@@ -1,0 +1,200 @@
+//! Which keys of a sharded plugin this replica reconciles (issue #28).
+//!
+//! A key belongs to the range its hash falls in: the hash of the primary object's UID (by `uid`)
+//! or of its namespace (by `namespace`), as the API server's `ShardedListAndWatch` computes it.
+//! Under `uid`, a deleted object's key keeps its UID's range for a while (a bounded record of
+//! deletions, [`TOMBSTONE_TTL`]), so the reconcile of a deletion stays with the range the object
+//! was in; a key no object of which was seen (a fixed key, a mapping to an object not made yet) is
+//! placed by the hash of its own text (`namespace/name`). Every replica computes the same from the
+//! same stream of changes, so each key has one owner.
+//!
+//! The check is made twice: when a change queues a key (a replica queues only its own keys), and
+//! when a worker takes it (a range given away meanwhile is not reconciled here: the replica that
+//! took it queues every key of it). A mapped key (a secondary's change naming a primary) is placed
+//! by the primary, as cached.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::cluster::shards::{Sharding, Unit};
+use crate::engine::cache::{Key, ObjectStore};
+use crate::engine::queue::WorkQueue;
+use crate::engine::shard::{ShardBy, fnv1a64, hash_of};
+
+/// How long a deleted object's key keeps its UID's range.
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
+/// The most deletions remembered per plugin (the oldest go first).
+pub const MAX_TOMBSTONES: usize = 65_536;
+
+/// A sharded plugin's keys against its primary cache.
+#[derive(Clone)]
+pub struct KeyShards {
+    pub sharding: Arc<Sharding>,
+    pub store: Arc<ObjectStore>,
+    tombstones: Arc<Mutex<Tombstones>>,
+}
+
+/// Recently deleted primaries' UIDs, by key; bounded in count and age.
+#[derive(Default)]
+struct Tombstones {
+    by_key: HashMap<Key, String>,
+    order: VecDeque<(Instant, Key, String)>,
+}
+
+impl Tombstones {
+    fn prune(&mut self) {
+        while let Some((at, _, _)) = self.order.front() {
+            if at.elapsed() < TOMBSTONE_TTL && self.order.len() <= MAX_TOMBSTONES {
+                break;
+            }
+            if let Some((_, k, uid)) = self.order.pop_front()
+                && self.by_key.get(&k) == Some(&uid)
+            {
+                self.by_key.remove(&k);
+            }
+        }
+    }
+}
+
+impl KeyShards {
+    pub fn new(sharding: Arc<Sharding>, store: Arc<ObjectStore>) -> KeyShards {
+        KeyShards {
+            sharding,
+            store,
+            tombstones: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tombstones> {
+        self.tombstones.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A primary was deleted: its key stays in its UID's range for a while.
+    pub fn deleted(&self, key: &Key, uid: &str) {
+        if self.sharding.by != ShardBy::Uid {
+            return;
+        }
+        let mut t = self.lock();
+        t.by_key.insert(key.clone(), uid.to_string());
+        t.order
+            .push_back((Instant::now(), key.clone(), uid.to_string()));
+        t.prune();
+    }
+
+    /// The hash `key` is placed by.
+    pub fn hash(&self, key: &Key) -> u64 {
+        match self.sharding.by {
+            ShardBy::Namespace => hash_of(ShardBy::Namespace, "", key.namespace.as_deref()),
+            ShardBy::Uid => match self.store.get(key) {
+                Some(o) => hash_of(ShardBy::Uid, &o.uid, None),
+                None => match self.lock().by_key.get(key) {
+                    Some(uid) => hash_of(ShardBy::Uid, uid, None),
+                    None => fnv1a64(&key.to_string()),
+                },
+            },
+        }
+    }
+
+    /// The range `key` belongs to.
+    pub fn unit(&self, key: &Key) -> Option<&Unit> {
+        self.sharding.unit(self.hash(key))
+    }
+
+    /// Whether this replica holds `key`'s range now.
+    pub fn mine(&self, key: &Key) -> bool {
+        self.unit(key).is_some_and(Unit::is_taking)
+    }
+
+    /// Queues every key of range `i` this replica knows: the cached primaries, the recent
+    /// deletions and the fixed keys that fall in it.
+    fn queue_range(&self, i: usize, queue: &WorkQueue<Key>, fixed: &[Key]) -> usize {
+        let deleted: Vec<Key> = self.lock().by_key.keys().cloned().collect();
+        let keys = self
+            .store
+            .all()
+            .into_iter()
+            .map(|o| o.key.clone())
+            .chain(deleted)
+            .chain(fixed.iter().cloned());
+        let mut queued = 0;
+        for k in keys {
+            if self.unit(&k).is_some_and(|u| u.index == i) {
+                queue.add(k);
+                queued += 1;
+            }
+        }
+        queued
+    }
+
+    /// Queues every key of each range this replica holds at the start and takes from then on:
+    /// the replica that takes a range reconciles all of it (nothing its previous holder left is
+    /// forgotten). A range given up and taken again between two looks is queued again too.
+    pub async fn queue_ranges_taken(self, plugin: String, queue: WorkQueue<Key>, fixed: Vec<Key>) {
+        let mut changes: Vec<Option<_>> = self
+            .sharding
+            .units
+            .iter()
+            .map(|u| Some(u.taking.clone()))
+            .collect();
+        for (i, t) in changes.iter_mut().enumerate() {
+            if t.as_mut().is_some_and(|t| *t.borrow_and_update()) {
+                self.queue_range(i, &queue, &fixed);
+            }
+        }
+        // A range whose elector is gone (the plugin stopping) is watched no more.
+        while changes.iter().any(Option::is_some) {
+            let waits = changes.iter_mut().enumerate().filter_map(|(i, t)| {
+                t.as_mut()
+                    .map(|t| Box::pin(async move { (i, t.changed().await.is_ok()) }))
+            });
+            let ((i, open), _, _) = futures::future::select_all(waits).await;
+            let Some(t) = changes[i].as_mut().filter(|_| open) else {
+                changes[i] = None;
+                continue;
+            };
+            if *t.borrow_and_update() {
+                let queued = self.queue_range(i, &queue, &fixed);
+                tracing::info!(
+                    plugin,
+                    range = i,
+                    queued,
+                    "a range of the plugin's keys taken: its keys queued"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deletions_are_remembered_within_their_bound_and_a_new_uid_replaces_an_old_one() {
+        let mut t = Tombstones::default();
+        let key = |i: usize| Key::new(Some("ns"), &format!("o{i}"));
+        for i in 0..MAX_TOMBSTONES + 10 {
+            t.by_key.insert(key(i), format!("u{i}"));
+            t.order.push_back((Instant::now(), key(i), format!("u{i}")));
+            t.prune();
+        }
+        assert_eq!(t.order.len(), MAX_TOMBSTONES);
+        assert_eq!(t.by_key.len(), MAX_TOMBSTONES);
+        assert!(!t.by_key.contains_key(&key(0)), "the oldest went first");
+        assert_eq!(
+            t.by_key.get(&key(MAX_TOMBSTONES + 9)).map(String::as_str),
+            Some("u65545")
+        );
+        // The same key deleted again (made again in between): the older entry's expiry leaves
+        // the newer UID in place.
+        let mut t = Tombstones::default();
+        let old = Instant::now() - TOMBSTONE_TTL - Duration::from_secs(1);
+        t.order.push_back((old, key(1), "first".into()));
+        t.by_key.insert(key(1), "second".into());
+        t.order.push_back((Instant::now(), key(1), "second".into()));
+        t.prune();
+        assert_eq!(t.by_key.get(&key(1)).map(String::as_str), Some("second"));
+        assert_eq!(t.order.len(), 1);
+    }
+}

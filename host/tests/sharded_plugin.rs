@@ -1,0 +1,351 @@
+//! One plugin's keys sharded across replicas (issue #28), against the real API server: host
+//! processes in per-plugin mode run the `shard-stamper` plugin with `shards = 12`; each writes its
+//! replica's name into every ConfigMap it reconciles. What is checked is what the API server holds
+//! and what its audit log saw: the split, a SIGKILL, a newcomer, and that every object is written
+//! exactly once per change, never by two replicas.
+//!
+//! `WCM_SHARD_OBJECTS` sets how many ConfigMaps (default 900; the issue's run used 30,000).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use common::objects::HostProcess;
+use common::*;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const SHARDS: usize = 12;
+const PLUGIN: &str = "stamper";
+
+/// A replica's plugins directory: the same component and settings, but its own `replica` name.
+fn plugin_dir(replica: &str, ns: &str) -> Result<PathBuf> {
+    let dir = temp_dir(&format!("shards-{replica}"))?;
+    install(&dir, "shard-stamper", &format!("{PLUGIN}.wasm"))?;
+    std::fs::write(
+        dir.join(format!("{PLUGIN}.toml")),
+        format!(
+            "name = \"{PLUGIN}\"\nnamespaces = [\"{ns}\"]\nshards = {SHARDS}\nworkers = 4\n\
+             api_qps = 0\n[config]\nreplica = \"{replica}\"\n"
+        ),
+    )?;
+    Ok(dir)
+}
+
+fn start(
+    replica: &str,
+    ns: &str,
+    lease_ns: &str,
+    kubeconfig: &Path,
+    logs: &Path,
+) -> Result<HostProcess> {
+    let dir = plugin_dir(replica, ns)?;
+    let args: Vec<String> = [
+        "--leader-elect",
+        "--leader-elect-mode",
+        "per-plugin",
+        "--leader-elect-resource-namespace",
+        lease_ns,
+        "--leader-elect-lease-duration",
+        "6s",
+        "--leader-elect-renew-deadline",
+        "4s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    HostProcess::start(
+        kubeconfig,
+        &dir,
+        replica,
+        &logs.join(format!("{replica}.log")),
+        &args,
+    )
+}
+
+/// How many range Leases each replica holds (by the `replica` prefix of the holder identity).
+async fn range_holders(leases: &Api<Lease>) -> Result<BTreeMap<String, usize>> {
+    let mut out = BTreeMap::new();
+    for k in 0..SHARDS {
+        let name = format!("wasm-controller-manager-plugin-{PLUGIN}-shard-uid-{k}-of-{SHARDS}");
+        let holder = leases
+            .get_opt(&name)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        let replica = holder.split('_').next().unwrap_or_default().to_string();
+        *out.entry(replica).or_default() += 1;
+    }
+    Ok(out)
+}
+
+/// Waits until exactly `replicas` each hold their fair share of the ranges.
+async fn balanced(leases: &Api<Lease>, replicas: &[&str]) -> Result<Duration> {
+    let started = Instant::now();
+    let share = SHARDS.div_ceil(replicas.len());
+    eventually(
+        &format!("the ranges split among {replicas:?}"),
+        Duration::from_secs(90),
+        || async {
+            let h = range_holders(leases).await?;
+            Ok(replicas
+                .iter()
+                .all(|r| h.get(*r) == Some(&share))
+                .then_some(()))
+        },
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
+/// Sets every ConfigMap's `data.value` to `value`.
+async fn bump(cms: &Api<ConfigMap>, names: &[String], value: &str) -> Result<()> {
+    futures::stream::iter(names.iter().map(Ok::<_, anyhow::Error>))
+        .try_for_each_concurrent(16, |n| async move {
+            cms.patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"value": value}})),
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+}
+
+/// Who stamped each ConfigMap with `value` (its `wcm.test/by`), when all of them are.
+async fn stamped(cms: &Api<ConfigMap>, n: usize, value: &str) -> Result<Option<Vec<String>>> {
+    let list = cms.list(&ListParams::default()).await?;
+    let by: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|cm| {
+            let a = cm.metadata.annotations.as_ref()?;
+            (a.get("wcm.test/stamped")? == value)
+                .then(|| a.get("wcm.test/by").cloned().unwrap_or_default())
+        })
+        .collect();
+    Ok((by.len() == n).then_some(by))
+}
+
+/// Each write of an object: the replica, and when the API server received and completed it.
+type Writes = BTreeMap<String, Vec<(String, String, String)>>;
+
+/// The plugin's ConfigMap patches the audit log saw since `mark`: by object, each write's replica
+/// (from the User-Agent, which names the host's Pod) and its `[received, completed]` times.
+fn writes_since(
+    env: &testenv::TestEnv,
+    mark: testenv::AuditMark,
+    ns: &str,
+    replicas: &[&str],
+) -> Result<Writes> {
+    let mut out = Writes::new();
+    for e in env.audit_events_since(mark)? {
+        let Some(o) = &e.object_ref else { continue };
+        if e.verb != "patch"
+            || e.stage != "ResponseComplete"
+            || o.resource != "configmaps"
+            || o.namespace != ns
+            || !e
+                .effective_user()
+                .ends_with(&format!("wcm-plugin-{PLUGIN}"))
+        {
+            continue;
+        }
+        let replica = replicas
+            .iter()
+            .find(|r| e.user_agent.contains(&format!("({r}_")))
+            .map(|r| r.to_string())
+            .with_context(|| format!("a write with User-Agent {:?}", e.user_agent))?;
+        out.entry(o.name.clone()).or_default().push((
+            replica,
+            e.request_received_timestamp.clone(),
+            e.stage_timestamp.clone(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Every object written exactly once since the mark, and never by two replicas.
+fn once_each(writes: &Writes, names: &[String], phase: &str) -> Result<BTreeMap<String, usize>> {
+    let mut per_replica = BTreeMap::new();
+    for n in names {
+        let w = writes.get(n).map(Vec::as_slice).unwrap_or_default();
+        ensure!(
+            w.len() == 1,
+            "{phase}: ConfigMap {n} was written {} times: {w:?}",
+            w.len()
+        );
+        *per_replica.entry(w[0].0.clone()).or_default() += 1;
+    }
+    Ok(per_replica)
+}
+
+fn count_by(by: &[String]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for b in by {
+        *out.entry(b.clone()).or_default() += 1;
+    }
+    out
+}
+
+/// Each of `replicas` did between half and one and a half of an even share of `n`.
+fn about_even(
+    per: &BTreeMap<String, usize>,
+    replicas: &[&str],
+    n: usize,
+    phase: &str,
+) -> Result<()> {
+    let even = n as f64 / replicas.len() as f64;
+    ensure!(
+        per.keys().all(|k| replicas.contains(&k.as_str())),
+        "{phase}: written by {per:?}, expected only {replicas:?}"
+    );
+    for r in replicas {
+        let got = per.get(*r).copied().unwrap_or(0) as f64;
+        ensure!(
+            got >= even * 0.5 && got <= even * 1.5,
+            "{phase}: {r} wrote {got} of {n} (even: {even:.0}): {per:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<()> {
+    let n: usize = std::env::var("WCM_SHARD_OBJECTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(900);
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("sharded").await?;
+    let lease_ns = env.namespace("sharded-leases").await?;
+    let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
+    let logs = temp_dir("sharded-logs")?;
+    // One grant for the plugin's identity (every replica's directory holds the same plugin).
+    grant_dir(&plugin_dir("grant", &ns.name)?).await?;
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let names: Vec<String> = (0..n).map(|i| format!("cm-{i:05}")).collect();
+    let created = Instant::now();
+    futures::stream::iter(names.iter())
+        .map(|name| {
+            let cms = cms.clone();
+            async move {
+                let cm: ConfigMap = serde_json::from_value(
+                    json!({"metadata": {"name": name}, "data": {"value": "v1"}}),
+                )?;
+                cms.create(&PostParams::default(), &cm).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    println!("{n} ConfigMaps created in {:?}", created.elapsed());
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns.name);
+    let first = start("first", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
+    let mut second = start("second", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
+    let third = start("third", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
+    let took = balanced(&leases, &["first", "second", "third"]).await?;
+    println!("3 replicas: ranges 4/4/4 after {took:?}");
+    // Every object is stamped once (v1) whoever held its range then.
+    eventually(
+        "every ConfigMap stamped v1",
+        Duration::from_secs(120),
+        || stamped(&cms, n, "v1"),
+    )
+    .await?;
+    // The debug view shows the ranges this replica holds and who holds the others.
+    let entry = first
+        .debug_entry(&format!("{PLUGIN}.wasm"))
+        .await?
+        .context("the plugin in /debug/controllers")?;
+    let shards = &entry["shards"];
+    assert_eq!(shards["count"], SHARDS, "{entry}");
+    assert_eq!(shards["by"], "uid", "{entry}");
+    assert_eq!(shards["held"].as_array().map(Vec::len), Some(4), "{entry}");
+
+    // A change of every object: each is reconciled by the holder of its range, once.
+    let mark = env.audit_mark()?;
+    let bumped = Instant::now();
+    bump(&cms, &names, "v2").await?;
+    let by = eventually(
+        "every ConfigMap stamped v2",
+        Duration::from_secs(120),
+        || stamped(&cms, n, "v2"),
+    )
+    .await?;
+    println!(
+        "v2: all {n} stamped {:?} after the first change",
+        bumped.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = ["first", "second", "third", "fourth"];
+    let per = once_each(&writes_since(env, mark, &ns.name, &all)?, &names, "v2")?;
+    println!("v2: writes by replica {per:?}");
+    assert_eq!(per, count_by(&by), "the audit log and the stamps agree");
+    about_even(&per, &["first", "second", "third"], n, "v2")?;
+
+    // SIGKILL one: its ranges are taken once its Leases expire, and reconciled by the others.
+    let mark = env.audit_mark()?;
+    second.child.kill()?;
+    second.child.wait()?;
+    let killed = Instant::now();
+    bump(&cms, &names, "v3").await?;
+    let by = eventually(
+        "every ConfigMap stamped v3",
+        Duration::from_secs(120),
+        || stamped(&cms, n, "v3"),
+    )
+    .await?;
+    let recovered = killed.elapsed();
+    println!("v3: all {n} stamped {recovered:?} after the SIGKILL");
+    // Lease duration 6 s, then a retry period (0.5 s) or two to take each range, and the writes.
+    assert!(
+        recovered <= Duration::from_secs(20),
+        "the killed replica's keys took {recovered:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per = once_each(&writes_since(env, mark, &ns.name, &all)?, &names, "v3")?;
+    println!("v3: writes by replica {per:?}");
+    assert_eq!(per, count_by(&by));
+    ensure!(
+        !per.contains_key("second"),
+        "the killed replica wrote: {per:?}"
+    );
+    balanced(&leases, &["first", "third"]).await?;
+
+    // A fourth joins: the ranges rebalance to 4/4/4, and a change is shared the same way.
+    let fourth = start("fourth", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
+    let took = balanced(&leases, &["first", "third", "fourth"]).await?;
+    println!("join: ranges 4/4/4 {took:?} after the fourth started");
+    let mark = env.audit_mark()?;
+    bump(&cms, &names, "v4").await?;
+    let by = eventually(
+        "every ConfigMap stamped v4",
+        Duration::from_secs(120),
+        || stamped(&cms, n, "v4"),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per = once_each(&writes_since(env, mark, &ns.name, &all)?, &names, "v4")?;
+    println!("v4: writes by replica {per:?}");
+    assert_eq!(per, count_by(&by));
+    about_even(&per, &["first", "third", "fourth"], n, "v4")?;
+    let distinct: BTreeSet<&String> = per.keys().collect();
+    assert_eq!(distinct.len(), 3);
+    drop((first, third, fourth));
+    Ok(())
+}
