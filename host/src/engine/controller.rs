@@ -318,6 +318,13 @@ impl Controller {
                         continue;
                     }
                     let (keys, dropped) = keys_for(&trigger, &change);
+                    if let (Some(s), Trigger::Owner { .. }) = (&shards, &trigger) {
+                        for k in &keys {
+                            if let Some(uid) = owner_uid(&change, &k.name) {
+                                s.owned_by(k, uid);
+                            }
+                        }
+                    }
                     if dropped > 0 {
                         metrics.mapped_keys_dropped(&plugin, dropped);
                         let mut last = capped_logged.lock().unwrap_or_else(|p| p.into_inner());
@@ -634,6 +641,19 @@ fn keys_for(trigger: &Trigger, change: &Change) -> (Vec<Key>, usize) {
     (keys, dropped)
 }
 
+/// The UID an owner reference named `name` in the changed object carries (the newer object's
+/// first).
+fn owner_uid<'a>(change: &'a Change, name: &str) -> Option<&'a str> {
+    let objs: Vec<&'a Arc<CachedObject>> = match change {
+        Change::Applied { old, new } => std::iter::once(new).chain(old.as_ref()).collect(),
+        Change::Deleted { old } => vec![old],
+    };
+    objs.into_iter()
+        .flat_map(|o| o.owners.iter())
+        .find(|o| o.name == name)
+        .map(|o| o.uid.as_str())
+}
+
 fn split_api_version(av: &str) -> (&str, &str) {
     match av.split_once('/') {
         Some((g, v)) => (g, v),
@@ -716,9 +736,12 @@ impl Worker {
             // A sharded plugin's key: counted in its range's in-flight reconciles first (the
             // range's Lease is not given up while one runs), then taken only if the range is
             // still held; its writes go under the range's tenure.
+            // The primary read once: the range is chosen by, and the plugin is handed, the same
+            // object.
+            let object = self.store.get(&key);
             let range = match &self.shards {
                 Some(s) => {
-                    let unit = s.unit(&key);
+                    let unit = s.unit_with(&key, object.as_deref());
                     let counted = unit.map(|u| InFlight::enter(u.in_flight()));
                     match unit.filter(|u| u.is_taking()) {
                         Some(u) => Some((counted, u.tenure().clone())),
@@ -745,13 +768,17 @@ impl Worker {
                     crate::cluster::services::KEY_TENURE
                         .scope(
                             tenure.clone(),
-                            std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
-                                .catch_unwind(),
+                            std::panic::AssertUnwindSafe(self.process(
+                                &key,
+                                object.clone(),
+                                &mut warm,
+                            ))
+                            .catch_unwind(),
                         )
                         .await
                 }
                 None => {
-                    std::panic::AssertUnwindSafe(self.process(&key, &mut warm))
+                    std::panic::AssertUnwindSafe(self.process(&key, object.clone(), &mut warm))
                         .catch_unwind()
                         .await
                 }
@@ -776,11 +803,15 @@ impl Worker {
         }
     }
 
-    async fn process(&self, key: &Key, warm: &mut (Option<Warm>, u64)) {
+    async fn process(
+        &self,
+        key: &Key,
+        object: Option<Arc<CachedObject>>,
+        warm: &mut (Option<Warm>, u64),
+    ) {
         // Off unless asked for (`--log …engine::controller=debug`); the compare benchmark times
         // watch delivery → reconcile start from it.
         tracing::debug!(plugin = %self.name, %key, "reconcile started");
-        let object = self.store.get(key);
         let req = Request {
             key: ObjectKey {
                 namespace: key.namespace.clone(),

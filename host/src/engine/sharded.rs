@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cluster::shards::{Sharding, Unit};
-use crate::engine::cache::{Key, ObjectStore};
+use crate::engine::cache::{CachedObject, Key, ObjectStore};
 use crate::engine::queue::WorkQueue;
 use crate::engine::shard::{ShardBy, fnv1a64, hash_of};
 
@@ -82,16 +82,39 @@ impl KeyShards {
         t.prune();
     }
 
-    /// The hash `key` is placed by.
+    /// A change of a secondary named `key`'s primary by an owner reference with this UID while
+    /// the primary is not cached (the garbage collector deleting the children of a deleted
+    /// primary, say): the key is placed by that UID, unless a deletion placed it already. Every
+    /// replica sees the same change, a replica started after the primary's deletion included.
+    pub fn owned_by(&self, key: &Key, uid: &str) {
+        if self.sharding.by != ShardBy::Uid || self.store.get(key).is_some() {
+            return;
+        }
+        if self.lock().by_key.contains_key(key) {
+            return;
+        }
+        self.deleted(key, uid);
+    }
+
+    /// The hash `key` is placed by, its primary as cached now.
     pub fn hash(&self, key: &Key) -> u64 {
+        self.hash_with(key, self.store.get(key).as_deref())
+    }
+
+    /// The hash `key` is placed by when its primary, as read from the cache, is `object`.
+    pub fn hash_with(&self, key: &Key, object: Option<&CachedObject>) -> u64 {
         match self.sharding.by {
             ShardBy::Namespace => hash_of(ShardBy::Namespace, "", key.namespace.as_deref()),
-            ShardBy::Uid => match self.store.get(key) {
+            ShardBy::Uid => match object {
                 Some(o) => hash_of(ShardBy::Uid, &o.uid, None),
-                None => match self.lock().by_key.get(key) {
-                    Some(uid) => hash_of(ShardBy::Uid, uid, None),
-                    None => fnv1a64(&key.to_string()),
-                },
+                None => {
+                    let mut t = self.lock();
+                    t.prune();
+                    match t.by_key.get(key) {
+                        Some(uid) => hash_of(ShardBy::Uid, uid, None),
+                        None => fnv1a64(&key.to_string()),
+                    }
+                }
             },
         }
     }
@@ -99,6 +122,11 @@ impl KeyShards {
     /// The range `key` belongs to.
     pub fn unit(&self, key: &Key) -> Option<&Unit> {
         self.sharding.unit(self.hash(key))
+    }
+
+    /// The range `key` belongs to when its primary, as read from the cache, is `object`.
+    pub fn unit_with(&self, key: &Key, object: Option<&CachedObject>) -> Option<&Unit> {
+        self.sharding.unit(self.hash_with(key, object))
     }
 
     /// Whether this replica holds `key`'s range now.
