@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use common::objects::{HostProcess, install_crd};
+use common::objects::{HostProcess, install_crd, per_plugin_election};
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -340,26 +340,17 @@ async fn two_replicas_pull_lead_swap_and_stop_plugins_from_a_registry() -> Resul
     let start = |name: &str| -> Result<HostProcess> {
         let dir = work.join(format!("{name}-plugins"));
         std::fs::create_dir_all(&dir)?;
-        let mut args: Vec<String> = [
-            "--leader-elect",
-            "--leader-elect-mode",
-            "per-plugin",
-            "--leader-elect-resource-namespace",
-            &lease_ns.name,
-            "--leader-elect-lease-duration",
-            "6s",
-            "--leader-elect-renew-deadline",
-            "4s",
-            "--leader-elect-retry-period",
-            "500ms",
-            "--plugin-objects",
-            "--plugin-registry",
-            registry.host(),
-            "--plugin-registry-ca",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut args = per_plugin_election(&lease_ns.name);
+        args.extend(
+            [
+                "--plugin-objects",
+                "--plugin-registry",
+                registry.host(),
+                "--plugin-registry-ca",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
         args.push(ca.display().to_string());
         args.push("--plugin-cache".into());
         args.push(work.join(format!("{name}-cache")).display().to_string());

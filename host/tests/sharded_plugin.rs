@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use common::objects::HostProcess;
+use common::objects::{HostProcess, per_plugin_election};
 use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -46,22 +46,7 @@ fn start(
     logs: &Path,
 ) -> Result<HostProcess> {
     let dir = plugin_dir(replica, ns)?;
-    let args: Vec<String> = [
-        "--leader-elect",
-        "--leader-elect-mode",
-        "per-plugin",
-        "--leader-elect-resource-namespace",
-        lease_ns,
-        "--leader-elect-lease-duration",
-        "6s",
-        "--leader-elect-renew-deadline",
-        "4s",
-        "--leader-elect-retry-period",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = per_plugin_election(lease_ns);
     HostProcess::start(
         kubeconfig,
         &dir,

@@ -57,6 +57,10 @@ pub struct Cut {
 impl Tenure {
     /// A closed tenure: nothing may be written until an elector opens it.
     pub fn closed() -> Arc<Tenure> {
+        Self::of_parts(Vec::new())
+    }
+
+    fn of_parts(any_of: Vec<Arc<Tenure>>) -> Arc<Tenure> {
         Arc::new(Tenure {
             state: Mutex::new(State {
                 open: false,
@@ -64,7 +68,7 @@ impl Tenure {
                 writes: 0,
             }),
             idle: Notify::new(),
-            any_of: Vec::new(),
+            any_of,
         })
     }
 
@@ -72,15 +76,7 @@ impl Tenure {
     /// (events sent later, a key whose object is gone). A write under it takes its pass from an
     /// open part, and is cut when that part's tenure ends.
     pub fn any_of(parts: Vec<Arc<Tenure>>) -> Arc<Tenure> {
-        Arc::new(Tenure {
-            state: Mutex::new(State {
-                open: false,
-                until: None,
-                writes: 0,
-            }),
-            idle: Notify::new(),
-            any_of: parts,
-        })
+        Self::of_parts(parts)
     }
 
     /// Open for good: no election is held.

@@ -485,8 +485,6 @@ pub fn recording_creating_network(
     Ok(None)
 }
 
-/// The user a plugin acts as (its ServiceAccount in the default identity namespace), as the audit
-/// log names it.
 /// The deletes in `namespace` the API server's audit log saw since `mark`, as
 /// `resource/name by user`.
 pub fn deletes_since(

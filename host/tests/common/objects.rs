@@ -52,6 +52,27 @@ pub fn free_port() -> Result<u16> {
         .port())
 }
 
+/// `run`'s arguments for per-plugin leader election with Leases in `lease_ns`, timed for tests
+/// (lease duration 6 s, renew deadline 4 s, retry period 0.5 s).
+pub fn per_plugin_election(lease_ns: &str) -> Vec<String> {
+    [
+        "--leader-elect",
+        "--leader-elect-mode",
+        "per-plugin",
+        "--leader-elect-resource-namespace",
+        lease_ns,
+        "--leader-elect-lease-duration",
+        "6s",
+        "--leader-elect-renew-deadline",
+        "4s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// A `wasm-controller-manager run` process of this build, killed when dropped.
 pub struct HostProcess {
     pub child: Child,
