@@ -124,6 +124,50 @@ async fn stamped(cms: &Api<ConfigMap>, n: usize, value: &str) -> Result<Option<V
     Ok((by.len() == n).then_some(by))
 }
 
+/// Changes every object to `value` and waits until each is stamped with it: who stamped each.
+async fn change_all(
+    cms: &Api<ConfigMap>,
+    names: &[String],
+    value: &str,
+    settle: Duration,
+) -> Result<Vec<String>> {
+    bump(cms, names, value).await?;
+    eventually(&format!("every ConfigMap stamped {value}"), settle, || {
+        stamped(cms, names.len(), value)
+    })
+    .await
+}
+
+/// The plugin's writes since `mark`, read once late writes had 2 s to show: by object.
+async fn settled_writes(
+    env: &testenv::TestEnv,
+    mark: testenv::AuditMark,
+    ns: &str,
+) -> Result<Writes> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    writes_since(env, mark, ns, &["first", "second", "third", "fourth"])
+}
+
+/// Every object written exactly once since `mark` (the audit log), agreeing with the stamps `by`:
+/// the writes by replica.
+async fn written_once(
+    env: &testenv::TestEnv,
+    mark: testenv::AuditMark,
+    ns: &str,
+    names: &[String],
+    by: &[String],
+    phase: &str,
+) -> Result<BTreeMap<String, usize>> {
+    let per = once_each(&settled_writes(env, mark, ns).await?, names, phase)?;
+    println!("{phase}: writes by replica {per:?}");
+    assert_eq!(
+        per,
+        count_by(by),
+        "{phase}: the audit log and the stamps agree"
+    );
+    Ok(per)
+}
+
 /// Each write of an object: the replica, and when the API server received and completed it.
 type Writes = BTreeMap<String, Vec<(String, String, String)>>;
 
@@ -267,20 +311,12 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
     // A change of every object: each is reconciled by the holder of its range, once.
     let mark = env.audit_mark()?;
     let bumped = Instant::now();
-    bump(&cms, &names, "v2").await?;
-    let by = eventually("every ConfigMap stamped v2", settle, || {
-        stamped(&cms, n, "v2")
-    })
-    .await?;
+    let by = change_all(&cms, &names, "v2", settle).await?;
     println!(
         "v2: all {n} stamped {:?} after the first change",
         bumped.elapsed()
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let all = ["first", "second", "third", "fourth"];
-    let per = once_each(&writes_since(env, mark, &ns.name, &all)?, &names, "v2")?;
-    println!("v2: writes by replica {per:?}");
-    assert_eq!(per, count_by(&by), "the audit log and the stamps agree");
+    let per = written_once(env, mark, &ns.name, &names, &by, "v2").await?;
     about_even(&per, &["first", "second", "third"], n, "v2")?;
 
     // SIGKILL one: its ranges are taken once its Leases expire, and reconciled by the others.
@@ -292,11 +328,7 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
         let leases = leases.clone();
         async move { balanced(&leases, &["first", "third"]).await }
     });
-    bump(&cms, &names, "v3").await?;
-    let by = eventually("every ConfigMap stamped v3", settle, || {
-        stamped(&cms, n, "v3")
-    })
-    .await?;
+    let by = change_all(&cms, &names, "v3", settle).await?;
     let recovered = killed.elapsed();
     let taken = taken.await??;
     println!(
@@ -308,10 +340,7 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
         taken <= Duration::from_secs(15),
         "the killed replica's ranges were taken after {taken:?}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let per = once_each(&writes_since(env, mark, &ns.name, &all)?, &names, "v3")?;
-    println!("v3: writes by replica {per:?}");
-    assert_eq!(per, count_by(&by));
+    let per = written_once(env, mark, &ns.name, &names, &by, "v3").await?;
     ensure!(
         !per.contains_key("second"),
         "the killed replica wrote: {per:?}"
@@ -328,18 +357,13 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
         let leases = leases.clone();
         async move { balanced(&leases, &["first", "third", "fourth"]).await }
     });
-    bump(&cms, &names, "v4").await?;
-    eventually("every ConfigMap stamped v4", settle, || {
-        stamped(&cms, n, "v4")
-    })
-    .await?;
+    change_all(&cms, &names, "v4", settle).await?;
     let stamped_in = joined.elapsed();
     let took = rebalanced.await??;
     println!(
         "join: ranges 4/4/4 {took:?} after the fourth started; every change stamped after {stamped_in:?}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let writes = writes_since(env, mark, &ns.name, &all)?;
+    let writes = settled_writes(env, mark, &ns.name).await?;
     let mut again = 0;
     for (name, w) in &writes {
         ensure!(!w.is_empty() && w.len() <= 2, "v4: {name} written {w:?}");
@@ -371,15 +395,8 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
 
     // Then a change is shared by the three the same way.
     let mark = env.audit_mark()?;
-    bump(&cms, &names, "v5").await?;
-    let by = eventually("every ConfigMap stamped v5", settle, || {
-        stamped(&cms, n, "v5")
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let per = once_each(&writes_since(env, mark, &ns.name, &all)?, &names, "v5")?;
-    println!("v5: writes by replica {per:?}");
-    assert_eq!(per, count_by(&by));
+    let by = change_all(&cms, &names, "v5", settle).await?;
+    let per = written_once(env, mark, &ns.name, &names, &by, "v5").await?;
     about_even(&per, &["first", "third", "fourth"], n, "v5")?;
     let distinct: BTreeSet<&String> = per.keys().collect();
     assert_eq!(distinct.len(), 3);

@@ -325,14 +325,7 @@ impl PluginLeases {
     fn gate(self: &Arc<Self>, plugin: &str) -> Gate {
         let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         leases.retain(|_, l| l.strong_count() > 0);
-        let lease = match leases.get(plugin).and_then(Weak::upgrade) {
-            Some(l) => l,
-            None => {
-                let l = Arc::new(self.join(plugin, "", &self.lease_name(plugin)));
-                leases.insert(plugin.to_string(), Arc::downgrade(&l));
-                l
-            }
-        };
+        let lease = self.unit_lease(&mut leases, plugin, "", &self.lease_name(plugin));
         Gate {
             taking: all_of(lease.taking.clone(), self.open.clone()),
             tenure: lease.tenure.clone(),
@@ -343,6 +336,23 @@ impl PluginLeases {
         }
     }
 
+    /// The live election of unit `unit` (a plugin, or a range of one) in `pool`, on Lease
+    /// `lease_name`: the one its gates share, joined if no gate holds it.
+    pub(super) fn unit_lease(
+        self: &Arc<Self>,
+        leases: &mut HashMap<String, Weak<PluginLease>>,
+        unit: &str,
+        pool: &str,
+        lease_name: &str,
+    ) -> Arc<PluginLease> {
+        if let Some(l) = leases.get(unit).and_then(Weak::upgrade) {
+            return l;
+        }
+        let l = Arc::new(self.join(unit, pool, lease_name));
+        leases.insert(unit.to_string(), Arc::downgrade(&l));
+        l
+    }
+
     /// The name of `plugin`'s Lease.
     pub(super) fn lease_name(&self, plugin: &str) -> String {
         format!("{}-plugin-{plugin}", self.settings.lease_name)
@@ -350,12 +360,7 @@ impl PluginLeases {
 
     /// Joins the election of unit `plugin` (a plugin, or a shard) in `pool`, on Lease
     /// `lease_name`.
-    pub(super) fn join(
-        self: &Arc<Self>,
-        plugin: &str,
-        pool: &str,
-        lease_name: &str,
-    ) -> PluginLease {
+    fn join(self: &Arc<Self>, plugin: &str, pool: &str, lease_name: &str) -> PluginLease {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let lease_name = lease_name.to_string();
         let settings = LeaderSettings {

@@ -10,21 +10,19 @@
 //! of a reconcile is fenced by the tenure of the range its key belongs to, so no key is written
 //! for by two replicas at once; the replica that takes a range enqueues every key of it.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Weak};
 
 use tokio::sync::watch;
 
 use super::election::{Gate, PluginLease, PluginLeases, all_of};
 use super::tenure::Tenure;
-use crate::engine::shard::{Range, ShardBy, index_of, split};
+use crate::engine::shard::{Range, ShardBy, split};
 
 /// One range of a sharded plugin and its Lease on this replica.
 pub struct Unit {
     pub index: usize,
     pub range: Range,
-    /// Changes when this replica takes or gives up the range's Lease (or the manager stops).
-    pub taking: watch::Receiver<bool>,
     lease: Arc<PluginLease>,
     open: watch::Receiver<bool>,
 }
@@ -34,6 +32,11 @@ impl Unit {
     /// checks for in-flight reconciles), not from the combined channel a task forwards.
     pub fn is_taking(&self) -> bool {
         *self.lease.taking.borrow() && *self.open.borrow()
+    }
+
+    /// Changes when this replica takes or gives up the range's Lease.
+    pub fn taking_changes(&self) -> watch::Receiver<bool> {
+        self.lease.taking.clone()
     }
 
     /// Fences the writes of a reconcile of one of this range's keys.
@@ -56,13 +59,12 @@ impl Unit {
 pub struct Sharding {
     pub by: ShardBy,
     pub units: Vec<Unit>,
-    ranges: Vec<Range>,
 }
 
 impl Sharding {
     /// The range a hash falls in.
     pub fn unit(&self, hash: u64) -> Option<&Unit> {
-        index_of(&self.ranges, hash).and_then(|i| self.units.get(i))
+        self.units.iter().find(|u| u.range.contains(hash))
     }
 
     /// The indexes of the ranges this replica holds now.
@@ -71,15 +73,6 @@ impl Sharding {
             .iter()
             .filter(|u| u.is_taking())
             .map(|u| u.index)
-            .collect()
-    }
-
-    /// The ranges this replica holds now.
-    pub fn held_ranges(&self) -> Vec<Range> {
-        self.units
-            .iter()
-            .filter(|u| u.is_taking())
-            .map(|u| u.range)
             .collect()
     }
 }
@@ -94,40 +87,34 @@ fn unit_name(plugin: &str, by: ShardBy, k: u32, n: u32) -> String {
 pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by: ShardBy) -> Gate {
     // Settings are checked at parse (2..=MAX_SHARDS); a caller passing less gets two ranges.
     let n = n.clamp(2, crate::engine::shard::MAX_SHARDS);
-    let ranges = split(n);
-    let mut units = Vec::with_capacity(ranges.len());
+    let mut units = Vec::with_capacity(n as usize);
     {
         let mut map = leases.leases.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, l| l.strong_count() > 0);
-        for (k, range) in (0..n).zip(ranges.iter().copied()) {
-            let name = unit_name(plugin, by, k, n);
-            let lease = match map.get(&name).and_then(Weak::upgrade) {
-                Some(l) => l,
-                None => {
-                    let lease_name = format!("{}-shard-{by}-{k}-of-{n}", leases.lease_name(plugin));
-                    let l = Arc::new(leases.join(&name, plugin, &lease_name));
-                    map.insert(name, Arc::downgrade(&l));
-                    l
-                }
-            };
+        for (k, range) in (0..n).zip(split(n)) {
+            let lease = leases.unit_lease(
+                &mut map,
+                &unit_name(plugin, by, k, n),
+                plugin,
+                &format!("{}-shard-{by}-{k}-of-{n}", leases.lease_name(plugin)),
+            );
             units.push(Unit {
                 index: k as usize,
                 range,
-                taking: all_of(lease.taking.clone(), leases.open.clone()),
                 lease,
                 open: leases.open.clone(),
             });
         }
     }
-    let taking = any_of(units.iter().map(|u| u.taking.clone()).collect());
+    let held_any = any_of(units.iter().map(Unit::taking_changes).collect());
     let tenure = Tenure::any_of(units.iter().map(|u| u.lease.tenure.clone()).collect());
     Gate {
-        taking,
+        taking: all_of(held_any, leases.open.clone()),
         tenure,
         in_flight: Arc::default(),
         leader: None,
         _lease: None,
-        sharding: Some(Arc::new(Sharding { by, units, ranges })),
+        sharding: Some(Arc::new(Sharding { by, units })),
     }
 }
 

@@ -733,18 +733,17 @@ impl Worker {
                 self.queue.done(&key);
                 continue;
             }
-            // A sharded plugin's key: counted in its range's in-flight reconciles first (the
-            // range's Lease is not given up while one runs), then taken only if the range is
-            // still held; its writes go under the range's tenure.
             // The primary read once: the range is chosen by, and the plugin is handed, the same
-            // object.
+            // object. A sharded plugin's key is counted in its range's in-flight reconciles first
+            // (the range's Lease is not given up while one runs), then taken only if the range is
+            // still held; its writes go under the range's tenure (else the plugin's).
             let object = self.store.get(&key);
-            let range = match &self.shards {
+            let (range_in_flight, tenure) = match &self.shards {
                 Some(s) => {
                     let unit = s.unit_with(&key, object.as_deref());
                     let counted = unit.map(|u| InFlight::enter(u.in_flight()));
                     match unit.filter(|u| u.is_taking()) {
-                        Some(u) => Some((counted, u.tenure().clone())),
+                        Some(u) => (counted, u.tenure().clone()),
                         None => {
                             // Not this replica's (any more): the holder of its range queued it.
                             drop(counted);
@@ -758,34 +757,21 @@ impl Worker {
                         }
                     }
                 }
-                None => None,
+                None => (None, self.gate.tenure.clone()),
             };
             self.metrics.active_workers(&self.name, 1);
             // Counted out on drop: also when the task is aborted mid-call at a stop.
             let in_flight = InFlight::enter(&self.gate.in_flight);
-            let outcome = match &range {
-                Some((_, tenure)) => {
-                    crate::cluster::services::KEY_TENURE
-                        .scope(
-                            tenure.clone(),
-                            std::panic::AssertUnwindSafe(self.process(
-                                &key,
-                                object.clone(),
-                                &mut warm,
-                            ))
-                            .catch_unwind(),
-                        )
-                        .await
-                }
-                None => {
-                    std::panic::AssertUnwindSafe(self.process(&key, object.clone(), &mut warm))
-                        .catch_unwind()
-                        .await
-                }
-            };
+            let outcome = crate::cluster::services::KEY_TENURE
+                .scope(
+                    tenure,
+                    std::panic::AssertUnwindSafe(self.process(&key, object, &mut warm))
+                        .catch_unwind(),
+                )
+                .await;
             self.metrics.active_workers(&self.name, -1);
             drop(in_flight);
-            drop(range);
+            drop(range_in_flight);
             if outcome.is_err() {
                 // A bug on the host's side of this call: the worker carries on (with a fresh
                 // instance), and the key is retried with backoff instead of staying in flight.

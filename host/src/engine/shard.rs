@@ -98,11 +98,6 @@ pub fn selector(by: ShardBy, ranges: &[Range]) -> String {
         .join(" || ")
 }
 
-/// The index of the range of `ranges` (a [`split`]) holding `hash`.
-pub fn index_of(ranges: &[Range], hash: u64) -> Option<usize> {
-    ranges.iter().position(|r| r.contains(hash))
-}
-
 /// The hash an object is sharded by: of its UID, or of its namespace ("" when cluster-scoped).
 pub fn hash_of(by: ShardBy, uid: &str, namespace: Option<&str>) -> u64 {
     fnv1a64(match by {

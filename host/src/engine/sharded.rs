@@ -43,6 +43,14 @@ struct Tombstones {
 }
 
 impl Tombstones {
+    /// `key`'s primary, of UID `uid`, is gone (or placed by that UID).
+    fn record(&mut self, key: &Key, uid: &str) {
+        self.by_key.insert(key.clone(), uid.to_string());
+        self.order
+            .push_back((Instant::now(), key.clone(), uid.to_string()));
+        self.prune();
+    }
+
     fn prune(&mut self) {
         while let Some((at, _, _)) = self.order.front() {
             if at.elapsed() < TOMBSTONE_TTL && self.order.len() <= MAX_TOMBSTONES {
@@ -75,11 +83,7 @@ impl KeyShards {
         if self.sharding.by != ShardBy::Uid {
             return;
         }
-        let mut t = self.lock();
-        t.by_key.insert(key.clone(), uid.to_string());
-        t.order
-            .push_back((Instant::now(), key.clone(), uid.to_string()));
-        t.prune();
+        self.lock().record(key, uid);
     }
 
     /// A change of a secondary named `key`'s primary by an owner reference with this UID while
@@ -90,15 +94,10 @@ impl KeyShards {
         if self.sharding.by != ShardBy::Uid || self.store.get(key).is_some() {
             return;
         }
-        if self.lock().by_key.contains_key(key) {
-            return;
+        let mut t = self.lock();
+        if !t.by_key.contains_key(key) {
+            t.record(key, uid);
         }
-        self.deleted(key, uid);
-    }
-
-    /// The hash `key` is placed by, its primary as cached now.
-    pub fn hash(&self, key: &Key) -> u64 {
-        self.hash_with(key, self.store.get(key).as_deref())
     }
 
     /// The hash `key` is placed by when its primary, as read from the cache, is `object`.
@@ -121,7 +120,7 @@ impl KeyShards {
 
     /// The range `key` belongs to.
     pub fn unit(&self, key: &Key) -> Option<&Unit> {
-        self.sharding.unit(self.hash(key))
+        self.unit_with(key, self.store.get(key).as_deref())
     }
 
     /// The range `key` belongs to when its primary, as read from the cache, is `object`.
@@ -137,20 +136,20 @@ impl KeyShards {
     /// Queues every key of range `i` this replica knows: the cached primaries, the recent
     /// deletions and the fixed keys that fall in it.
     fn queue_range(&self, i: usize, queue: &WorkQueue<Key>, fixed: &[Key]) -> usize {
-        let deleted: Vec<Key> = self.lock().by_key.keys().cloned().collect();
-        let keys = self
-            .store
-            .all()
-            .into_iter()
-            .map(|o| o.key.clone())
-            .chain(deleted)
-            .chain(fixed.iter().cloned());
         let mut queued = 0;
-        for k in keys {
-            if self.unit(&k).is_some_and(|u| u.index == i) {
-                queue.add(k);
+        let mut add = |k: &Key, unit: Option<&Unit>| {
+            if unit.is_some_and(|u| u.index == i) {
+                queue.add(k.clone());
                 queued += 1;
             }
+        };
+        // A cached primary is placed by the object just read, not read again.
+        for o in self.store.all() {
+            add(&o.key, self.unit_with(&o.key, Some(&o)));
+        }
+        let deleted: Vec<Key> = self.lock().by_key.keys().cloned().collect();
+        for k in deleted.iter().chain(fixed) {
+            add(k, self.unit(k));
         }
         queued
     }
@@ -163,7 +162,7 @@ impl KeyShards {
             .sharding
             .units
             .iter()
-            .map(|u| Some(u.taking.clone()))
+            .map(|u| Some(u.taking_changes()))
             .collect();
         for (i, t) in changes.iter_mut().enumerate() {
             if t.as_mut().is_some_and(|t| *t.borrow_and_update()) {

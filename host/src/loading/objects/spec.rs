@@ -124,10 +124,10 @@ pub fn normal_authority(a: &str) -> String {
     a.strip_suffix(":443").unwrap_or(a).to_string()
 }
 
-/// A registry host: DNS labels or an IPv4 address, optional port.
 /// The most `shards` a Plugin object's settings may ask for.
 pub const MAX_OBJECT_SHARDS: u32 = 16;
 
+/// A registry host: DNS labels or an IPv4 address, optional port.
 pub fn check_authority(a: &str) -> Result<(), String> {
     let (host, port) = match a.rsplit_once(':') {
         Some((h, p)) => (h, Some(p)),

@@ -300,7 +300,10 @@ impl PluginManager {
         // Sharded only where replicas share plugins by Lease; elsewhere one replica reconciles
         // every key anyway.
         let sharded = settings.sharding().filter(|_| {
-            let per_plugin = self.parts.election.mode() == "per-plugin";
+            let per_plugin = matches!(
+                *self.parts.election,
+                crate::cluster::election::Election::PerPlugin(_)
+            );
             if !per_plugin {
                 tracing::warn!(plugin = %name, "`shards` is set but the replicas do not share plugins (--leader-elect-mode per-plugin): the plugin runs unsharded");
             }
