@@ -584,6 +584,7 @@ mod tests {
         assert_eq!(parsed.config["keystone-url"], "https://k/v3");
         assert!(with(json!({"worker": 2})).is_err(), "a typo");
         assert!(with(json!({"name": "net"})).is_ok());
+        assert!(with(json!({"shards": 16, "shard_by": "namespace"})).is_ok());
         // What only the operator may give.
         for (bad, says) in [
             (json!({"name": "network"}), "instance name"),
@@ -605,6 +606,9 @@ mod tests {
                 json!({"allowed_hosts": ["metadata.internal:80"]}),
                 "--plugin-object-host",
             ),
+            (json!({"shards": 17}), "at most 16 ranges"),
+            (json!({"shards": 1}), "shards must be from 2"),
+            (json!({"shard_by": "uid"}), "shard_by needs shards"),
             (json!({"namespaces": ["wcm-system"]}), "protected"),
             (
                 json!({"namespaces": ["default", "kube-system"]}),
