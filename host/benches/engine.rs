@@ -276,6 +276,7 @@ async fn run() {
         namespace: None,
         label_selector: None,
         metadata_only,
+        shard: None,
     };
     let measure = |label: &'static str, bytes: f64, n: usize| {
         println!(

@@ -62,3 +62,91 @@ async fn each_range_of_a_split_is_served_exactly_as_the_host_computes_it() -> Re
     }
     Ok(())
 }
+
+/// The informer of a sharded plugin (`InformerKey::shard`) lists and then watches only its
+/// ranges: its cache holds exactly the objects the host's own test puts there, and an object made
+/// afterwards arrives only if it is in them. Without the gate (a cluster of this test's own) the
+/// API server ignores the selector and the cache holds every object: the host-side filter divides
+/// the work then.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sharded_informer_caches_only_its_ranges_and_everything_without_the_gate() -> Result<()> {
+    use wasm_controller_manager::engine::informer::{InformerKey, InformerObserver, Informers};
+    struct Quiet;
+    impl InformerObserver for Quiet {}
+    let shared = testenv::TestEnv::shared().await?;
+    let own = testenv::TestEnv::start_own(&["--sharded-list-and-watch=false"]).await?;
+    for (env, gate) in [(shared, true), (&own, false)] {
+        let client = env.client().await?;
+        let ns = env.namespace("sharded-informer").await?;
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+        let mut uids = Vec::new();
+        for i in 0..40 {
+            let cm: ConfigMap = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": format!("cm-{i}")}}),
+            )?;
+            let made = api.create(&PostParams::default(), &cm).await?;
+            uids.push((format!("cm-{i}"), made.metadata.uid.context("uid")?));
+        }
+        let ranges = shard::split(4)[1..3].to_vec();
+        let key = InformerKey {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespace: Some(ns.name.clone()),
+            label_selector: None,
+            metadata_only: false,
+            shard: Some((ShardBy::Uid, ranges.clone())),
+        };
+        let informers = Informers::new(client.clone(), std::sync::Arc::new(Quiet));
+        let informer = informers.acquire(key);
+        tokio::time::timeout(std::time::Duration::from_secs(30), informer.wait_synced()).await?;
+        let mine = |uid: &str| shard::holds(ShardBy::Uid, &ranges, uid, None);
+        let cached: BTreeSet<String> = informer
+            .store()
+            .all()
+            .iter()
+            .map(|o| o.key.name.clone())
+            .collect();
+        let want: BTreeSet<String> = uids
+            .iter()
+            .filter(|(_, uid)| !gate || mine(uid))
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert_eq!(cached, want, "gate {gate}: the list");
+        assert!(want.len() < 40 || !gate, "a half of 40 objects");
+        // Objects made now come by the watch, only those in the ranges (with the gate).
+        let mut later = Vec::new();
+        for i in 40..60 {
+            let cm: ConfigMap = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": format!("cm-{i}")}}),
+            )?;
+            let made = api.create(&PostParams::default(), &cm).await?;
+            later.push((format!("cm-{i}"), made.metadata.uid.context("uid")?));
+        }
+        let expected: BTreeSet<String> = uids
+            .iter()
+            .chain(&later)
+            .filter(|(_, uid)| !gate || mine(uid))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let cached: BTreeSet<String> = informer
+                .store()
+                .all()
+                .iter()
+                .map(|o| o.key.name.clone())
+                .collect();
+            if cached == expected {
+                break;
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "gate {gate}: the watch; cached {cached:?}, expected {expected:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}

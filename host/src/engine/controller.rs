@@ -206,6 +206,7 @@ fn informer_key(w: &Watch, plural: &str, namespaced: bool) -> InformerKey {
                 .unwrap_or_else(|_| Some(s.trim().to_string()).filter(|t| !t.is_empty()))
         }),
         metadata_only: w.metadata_only,
+        shard: None,
     }
 }
 

@@ -34,6 +34,11 @@ pub struct InformerKey {
     /// In canonical form ([`canonical_selector`]); None selects everything.
     pub label_selector: Option<String>,
     pub metadata_only: bool,
+    /// Only the objects of these ranges (a sharded plugin's, `shardSelector`); None: all.
+    pub shard: Option<(
+        crate::engine::shard::ShardBy,
+        Vec<crate::engine::shard::Range>,
+    )>,
 }
 
 impl InformerKey {
@@ -67,6 +72,9 @@ impl std::fmt::Display for InformerKey {
         }
         if self.metadata_only {
             write!(f, " (metadata)")?;
+        }
+        if let Some((by, ranges)) = &self.shard {
+            write!(f, " (shard by {by}: {} ranges)", ranges.len())?;
         }
         Ok(())
     }
@@ -311,6 +319,14 @@ async fn run<K>(
         + 'static,
 {
     let ar = key.api_resource();
+    // A sharded plugin's informer lists and watches only its ranges.
+    let client = match &key.shard {
+        Some((by, ranges)) => {
+            crate::engine::shard_watch::client(client, crate::engine::shard::selector(*by, ranges))
+        }
+        None => client,
+    };
+    let mut told_ignored = false;
     let api: Api<K> = match &key.namespace {
         Some(ns) => Api::namespaced_with(client, ns, &ar),
         None => Api::all_with(client, &ar),
@@ -334,6 +350,20 @@ async fn run<K>(
             }
             Ok(Event::InitDone) => {
                 let fresh = relist.take().unwrap_or_default();
+                if let Some((by, ranges)) = &key.shard
+                    && !told_ignored
+                    && fresh.values().any(|o| {
+                        crate::engine::shard_watch::ignored(
+                            *by,
+                            ranges,
+                            &o.uid,
+                            o.key.namespace.as_deref(),
+                        )
+                    })
+                {
+                    told_ignored = true;
+                    tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this replica caches every object of the kind, and the host divides the work");
+                }
                 replace_all(&store, &shared, fresh, &*observer, &key);
                 shared.synced.send_replace(true);
             }

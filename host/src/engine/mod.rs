@@ -13,6 +13,7 @@ pub mod queue;
 pub mod rate_limit;
 pub mod schedule;
 pub mod shard;
+pub mod shard_watch;
 pub mod sharded;
 pub mod shrink;
 pub mod subscription;

@@ -5,7 +5,9 @@
 //! (the gate is off: the selector is ignored and every object comes).
 
 /// What an object's shard is computed from (`shard_by` in NAME.toml).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ShardBy {
     /// `metadata.uid`: the most even split; an object's secondaries land elsewhere.
@@ -52,7 +54,7 @@ pub fn fnv1a64(s: &str) -> u64 {
 pub const SPACE: u128 = 1 << 64;
 
 /// `[start, end)` of the hash space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Range {
     pub start: u128,
     pub end: u128,
