@@ -2,7 +2,12 @@
 //! processes in per-plugin mode run the `shard-stamper` plugin with `shards = 12`; each writes its
 //! replica's name into every ConfigMap it reconciles. What is checked is what the API server holds
 //! and what its audit log saw: the split, a SIGKILL, a newcomer, and that every object is written
-//! exactly once per change, never by two replicas.
+//! exactly once per change, never by two replicas. With the API server's `ShardedListAndWatch`
+//! gate on (the shared cluster), each replica lists and watches only its ranges: its cache holds
+//! only its share, the API server's own watch metrics count one sharded watch per replica, and
+//! its audit log shows each replica's watch asking for exactly the ranges its Leases hold. With
+//! the gate off (a cluster of the test's own) the fallback passes the same checks, every replica
+//! caching every object.
 //!
 //! `WCM_SHARD_OBJECTS` sets how many ConfigMaps (default 900; the run used 30,000).
 
@@ -20,6 +25,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use wasm_controller_manager::engine::shard;
 
 const SHARDS: usize = 12;
 const PLUGIN: &str = "stamper";
@@ -251,15 +257,163 @@ fn about_even(
     Ok(())
 }
 
+/// The two scenarios run one after the other: each starts up to four host processes.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread")]
 async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    scenario(testenv::TestEnv::shared().await?, true).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_gate_the_fallback_passes_the_same_checks() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let env = testenv::TestEnv::start_own(&["--sharded-list-and-watch=false"]).await?;
+    scenario(&env, false).await
+}
+
+/// The range Leases' holders by index (the `replica` prefix of each holder identity).
+async fn range_owners(leases: &Api<Lease>) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for k in 0..SHARDS {
+        let name = format!("wasm-controller-manager-plugin-{PLUGIN}-shard-uid-{k}-of-{SHARDS}");
+        let holder = leases
+            .get_opt(&name)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        out.push(holder.split('_').next().unwrap_or_default().to_string());
+    }
+    Ok(out)
+}
+
+/// Each live replica caches its share (with the gate: the primaries of its ranges, together
+/// every object once; without: every object), and says which filter it runs on.
+async fn caches_hold_their_share(
+    replicas: &[(&str, &HostProcess)],
+    n: usize,
+    gate: bool,
+    phase: &str,
+) -> Result<()> {
+    let filter = if gate { "api-server" } else { "host" };
+    eventually(
+        &format!("{phase}: each replica's cache holds its share"),
+        Duration::from_secs(60),
+        || async {
+            let mut cached = BTreeMap::new();
+            for (name, host) in replicas {
+                let entry = host
+                    .debug_entry(&format!("{PLUGIN}.wasm"))
+                    .await?
+                    .context("the plugin in /debug/controllers")?;
+                ensure!(entry["shards"]["filter"] == filter, "{phase}: {entry}");
+                let c = entry["shards"]["cached"].as_u64().context("cached")? as usize;
+                cached.insert(name.to_string(), c);
+            }
+            let ok = if gate {
+                let share = n / replicas.len();
+                cached.values().sum::<usize>() == n
+                    && cached.values().all(|c| *c < share + share / 2)
+            } else {
+                cached.values().all(|c| *c == n)
+            };
+            if ok {
+                println!("{phase}: primaries cached per replica {cached:?}");
+            }
+            Ok(ok.then_some(()))
+        },
+    )
+    .await
+}
+
+/// With the gate: the API server counts one sharded watch of ConfigMaps per live replica, and
+/// each replica's latest watch (its audit event) asks for exactly the ranges its Leases hold.
+/// Without: the API server has no sharded watch at all.
+async fn watches_follow_the_leases(
+    env: &testenv::TestEnv,
+    since: testenv::AuditMark,
+    leases: &Api<Lease>,
+    ns: &str,
+    replicas: &[&str],
+    gate: bool,
+    phase: &str,
+) -> Result<()> {
+    let labels = [("resource", "configmaps")];
+    eventually(
+        &format!("{phase}: the API server's sharded watches follow the Leases"),
+        Duration::from_secs(60),
+        || async {
+            let sharded = env
+                .apiserver_metric("apiserver_watch_shards_total", &labels)
+                .await?;
+            if !gate {
+                ensure!(sharded == 0.0, "{phase}: {sharded} sharded watches");
+                return Ok(Some(()));
+            }
+            if sharded != replicas.len() as f64 {
+                return Ok(None);
+            }
+            let owners = range_owners(leases).await?;
+            let mut latest: BTreeMap<&str, (String, String)> = BTreeMap::new();
+            for e in env.audit_events_since(since)? {
+                let Some(o) = &e.object_ref else { continue };
+                if e.verb != "watch" || o.resource != "configmaps" || o.namespace != ns {
+                    continue;
+                }
+                if let Some(r) = replicas
+                    .iter()
+                    .find(|r| e.user_agent.contains(&format!("({r}_")))
+                {
+                    let sel = form_urlencoded::parse(
+                        e.request_uri.split_once('?').map_or("", |q| q.1).as_bytes(),
+                    )
+                    .find(|(k, _)| k == "shardSelector")
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default();
+                    let newer = latest
+                        .get(r)
+                        .is_none_or(|(at, _)| *at <= e.request_received_timestamp);
+                    if newer {
+                        latest.insert(r, (e.request_received_timestamp.clone(), sel));
+                    }
+                }
+            }
+            let all = shard::split(SHARDS as u32);
+            for r in replicas {
+                let held: Vec<shard::Range> = (0..SHARDS)
+                    .filter(|k| owners[*k] == *r)
+                    .map(|k| all[k])
+                    .collect();
+                let want = shard::selector(shard::ShardBy::Uid, &held);
+                if latest.get(r).map(|(_, s)| s) != Some(&want) {
+                    return Ok(None);
+                }
+            }
+            println!("{phase}: {sharded} sharded watches, each replica's for its Leases' ranges");
+            Ok(Some(()))
+        },
+    )
+    .await
+}
+
+/// The API server's count of watch events a shard selector kept from a watcher.
+async fn filtered_events(env: &testenv::TestEnv) -> Result<f64> {
+    env.apiserver_metric(
+        "apiserver_watch_filtered_events_total",
+        &[("resource", "configmaps")],
+    )
+    .await
+}
+
+async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let n: usize = std::env::var("WCM_SHARD_OBJECTS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(900);
     // Every object's write, through 2 cores' worth of API server: more objects, more time.
     let settle = Duration::from_secs(120.max(n as u64 / 40));
-    let env = testenv::TestEnv::shared().await?;
     let client = env.client().await?;
     let ns = env.namespace("sharded").await?;
     let lease_ns = env.namespace("sharded-leases").await?;
@@ -288,6 +442,7 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
     println!("{n} ConfigMaps created in {:?}", created.elapsed());
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns.name);
+    let started = env.audit_mark()?;
     let first = start("first", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
     let mut second = start("second", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
     let third = start("third", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
@@ -307,6 +462,20 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
     assert_eq!(shards["count"], SHARDS, "{entry}");
     assert_eq!(shards["by"], "uid", "{entry}");
     assert_eq!(shards["held"].as_array().map(Vec::len), Some(4), "{entry}");
+    let three = [("first", &first), ("second", &second), ("third", &third)];
+    caches_hold_their_share(&three, n, gate, "3 replicas").await?;
+    let replicas = ["first", "second", "third"];
+    watches_follow_the_leases(
+        env,
+        started,
+        &leases,
+        &ns.name,
+        &replicas,
+        gate,
+        "3 replicas",
+    )
+    .await?;
+    let filtered = filtered_events(env).await?;
 
     // A change of every object: each is reconciled by the holder of its range, once.
     let mark = env.audit_mark()?;
@@ -318,6 +487,18 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
     );
     let per = written_once(env, mark, &ns.name, &names, &by, "v2").await?;
     about_even(&per, &["first", "second", "third"], n, "v2")?;
+    // Each change (and each write) of an object reaches one replica's watch and is kept from the
+    // other two by the API server: at least two filtered events per object changed.
+    let filtered = filtered_events(env).await? - filtered;
+    if gate {
+        ensure!(
+            filtered >= 2.0 * n as f64,
+            "v2: the API server filtered {filtered} watch events for {n} changes"
+        );
+    } else {
+        ensure!(filtered == 0.0, "v2: {filtered} filtered without the gate");
+    }
+    println!("v2: the API server kept {filtered} watch events from the replicas not holding them");
 
     // SIGKILL one: its ranges are taken once its Leases expire, and reconciled by the others.
     let mark = env.audit_mark()?;
@@ -345,6 +526,23 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
         !per.contains_key("second"),
         "the killed replica wrote: {per:?}"
     );
+    caches_hold_their_share(
+        &[("first", &first), ("third", &third)],
+        n,
+        gate,
+        "after the kill",
+    )
+    .await?;
+    watches_follow_the_leases(
+        env,
+        started,
+        &leases,
+        &ns.name,
+        &["first", "third"],
+        gate,
+        "after the kill",
+    )
+    .await?;
 
     // A fourth joins while every object changes: ranges move while their keys are in flight. The
     // replica giving a range up finishes its reconciles first, so no object is written by two
@@ -392,6 +590,20 @@ async fn replicas_share_one_plugins_keys_through_a_kill_and_a_join() -> Result<(
         writes.len()
     );
     println!("v4 (with the join): {again} objects written twice, never at once");
+
+    let three = [("first", &first), ("third", &third), ("fourth", &fourth)];
+    caches_hold_their_share(&three, n, gate, "after the join").await?;
+    let replicas = ["first", "third", "fourth"];
+    watches_follow_the_leases(
+        env,
+        started,
+        &leases,
+        &ns.name,
+        &replicas,
+        gate,
+        "after the join",
+    )
+    .await?;
 
     // Then a change is shared by the three the same way.
     let mark = env.audit_mark()?;

@@ -67,6 +67,62 @@ impl Sharding {
         self.units.iter().find(|u| u.range.contains(hash))
     }
 
+    /// The ranges this replica holds, as they change: what a sharded stream of the plugin's
+    /// primaries asks the API server for. Followed by a task until nobody listens; a range whose
+    /// elector is gone counts as not held.
+    pub fn held_ranges(&self) -> watch::Receiver<Vec<Range>> {
+        let mut parts: Vec<(Range, watch::Receiver<bool>)> = self
+            .units
+            .iter()
+            .map(|u| (u.range, u.taking_changes()))
+            .collect();
+        let mut open = self.units.first().map(|u| u.open.clone());
+        let now = |parts: &mut Vec<(Range, watch::Receiver<bool>)>,
+                   open: &mut Option<watch::Receiver<bool>>| {
+            if !open.as_mut().is_some_and(|o| *o.borrow_and_update()) {
+                return Vec::new();
+            }
+            let mut held: Vec<Range> = parts
+                .iter_mut()
+                .filter_map(|(r, t)| t.borrow_and_update().then_some(*r))
+                .collect();
+            held.sort();
+            held
+        };
+        let (tx, rx) = watch::channel(now(&mut parts, &mut open));
+        tokio::spawn(async move {
+            while !parts.is_empty() {
+                let Some(o) = open.as_mut() else { break };
+                let changed = futures::future::select_all(
+                    parts.iter_mut().map(|(_, t)| Box::pin(t.changed())),
+                );
+                // A range's elector gone (Some(index)), or the replica's membership (None).
+                let ended = tokio::select! {
+                    (r, i, _) = changed => r.is_err().then_some(Some(i)),
+                    r = o.changed() => r.is_err().then_some(None),
+                    _ = tx.closed() => return,
+                };
+                match ended {
+                    Some(Some(i)) => {
+                        parts.swap_remove(i);
+                    }
+                    Some(None) => open = None,
+                    None => {}
+                }
+                let held = now(&mut parts, &mut open);
+                tx.send_if_modified(|h| {
+                    let differs = *h != held;
+                    if differs {
+                        *h = held;
+                    }
+                    differs
+                });
+            }
+            tx.send_replace(Vec::new());
+        });
+        rx
+    }
+
     /// The indexes of the ranges this replica holds now.
     pub fn held(&self) -> Vec<usize> {
         self.units

@@ -169,6 +169,12 @@ pub struct ShardsDebug {
     pub held: Vec<usize>,
     /// Each range's Lease holder, as this replica last read it.
     pub holders: Vec<Option<String>>,
+    /// "api-server": the API server lists and watches only the held ranges' primaries for this
+    /// replica (`ShardedListAndWatch`); "host": every primary is cached, and the host divides
+    /// the work.
+    pub filter: &'static str,
+    /// The primaries cached on this replica.
+    pub cached: usize,
 }
 
 /// The informers a description needs, in order: primary first. Two watches may need the same
@@ -286,10 +292,15 @@ impl Controller {
             .map(|i| i.store().clone())
             .unwrap_or_default();
         // A sharded plugin: only the keys of the ranges this replica holds are queued and taken.
+        // Where the API server filters by range, the primary stream says which ranges it has.
+        let covered = informers
+            .first()
+            .filter(|i| i.key.shard.is_some())
+            .map(|i| i.covered());
         let shards = gate
             .sharding
             .clone()
-            .map(|sharding| KeyShards::new(sharding, primary_store.clone()));
+            .map(|sharding| KeyShards::new(sharding, primary_store.clone(), covered, &fixed_keys));
         // Validated at load; a description that got here has well-formed filters.
         let filters = change_filter::filters(d).unwrap_or_default();
         // Keys past the cap of one change: logged at most once a minute for the plugin.
@@ -385,11 +396,9 @@ impl Controller {
             }));
         }
         if let Some(s) = &shards {
-            tasks.push(tokio::spawn(s.clone().queue_ranges_taken(
-                name.clone(),
-                queue.clone(),
-                fixed_keys.clone(),
-            )));
+            tasks.push(tokio::spawn(
+                s.clone().queue_ranges_taken(name.clone(), queue.clone()),
+            ));
         }
         {
             let (q, metrics, plugin) = (queue.clone(), parts.metrics.clone(), name.clone());
@@ -564,6 +573,11 @@ impl Controller {
                 count: s.units.len(),
                 held: s.held(),
                 holders: s.units.iter().map(|u| u.leader()).collect(),
+                filter: match self.informers.first() {
+                    Some(i) if i.key.shard.is_some() => "api-server",
+                    _ => "host",
+                },
+                cached: self.informers.first().map_or(0, |i| i.store().len()),
             }),
         }
     }
@@ -743,7 +757,7 @@ impl Worker {
                 Some(s) => {
                     let unit = s.unit_with(&key, object.as_deref());
                     let counted = unit.map(|u| InFlight::enter(u.in_flight()));
-                    match unit.filter(|u| u.is_taking()) {
+                    match unit.filter(|u| s.ready(u)) {
                         Some(u) => (counted, u.tenure().clone()),
                         None => {
                             // Not this replica's (any more): the holder of its range queued it.

@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ObjectMeta};
@@ -20,6 +21,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::engine::cache::{CachedObject, Key, ObjectParts, ObjectStore};
+use crate::engine::shard::{Range, ShardBy, holds, selector};
 use crate::engine::subscription::{self, Sender, Subscription};
 
 /// What selects the objects of one informer.
@@ -34,15 +36,22 @@ pub struct InformerKey {
     /// In canonical form ([`canonical_selector`]); None selects everything.
     pub label_selector: Option<String>,
     pub metadata_only: bool,
-    /// Only the objects of these ranges (a sharded plugin's, `shardSelector`); None: all.
-    pub shard: Option<(
-        crate::engine::shard::ShardBy,
-        Vec<crate::engine::shard::Range>,
-    )>,
+    /// A sharded plugin's own stream of its primary kind: only the objects of the ranges this
+    /// replica holds (`shardSelector`, KEP-5866), which change as it takes and gives up ranges.
+    /// None: every object, shared by every plugin that needs the stream.
+    pub shard: Option<ShardedStream>,
+}
+
+/// Whose ranges a sharded stream follows: one plugin's on this replica (two plugins' elections
+/// hold different ranges, so the stream is the plugin's own).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShardedStream {
+    pub by: ShardBy,
+    pub plugin: String,
 }
 
 impl InformerKey {
-    fn api_resource(&self) -> ApiResource {
+    pub fn api_resource(&self) -> ApiResource {
         let api_version = if self.group.is_empty() {
             self.version.clone()
         } else {
@@ -73,8 +82,8 @@ impl std::fmt::Display for InformerKey {
         if self.metadata_only {
             write!(f, " (metadata)")?;
         }
-        if let Some((by, ranges)) = &self.shard {
-            write!(f, " (shard by {by}: {} ranges)", ranges.len())?;
+        if let Some(s) = &self.shard {
+            write!(f, " (sharded by {} for {})", s.by, s.plugin)?;
         }
         Ok(())
     }
@@ -159,6 +168,8 @@ pub struct Informer {
 struct Shared {
     subscribers: Mutex<Vec<Sender>>,
     synced: watch::Sender<bool>,
+    /// A sharded stream: the ranges its cache is complete for (listed, and followed since).
+    covered: watch::Sender<Vec<Range>>,
 }
 
 impl Drop for Informer {
@@ -181,6 +192,13 @@ impl Informer {
 
     pub fn is_synced(&self) -> bool {
         *self.shared.synced.borrow()
+    }
+
+    /// A sharded stream: the ranges whose objects are all in the cache now. A range just taken
+    /// joins once the list that includes it is in; a range given up leaves when the stream that
+    /// follows the new ranges starts.
+    pub fn covered(&self) -> watch::Receiver<Vec<Range>> {
+        self.shared.covered.subscribe()
     }
 
     /// Changes from now on, coalesced per object (`subscription.rs`); objects already cached
@@ -234,14 +252,39 @@ impl Informers {
         &self.client
     }
 
-    /// The informer for `key`, started if no one holds it.
+    /// The informer for `key`, started if no one holds it. A sharded key's stream started here
+    /// follows no range (it caches nothing): see [`Informers::acquire_sharded`].
     pub fn acquire(&self, key: InformerKey) -> Arc<Informer> {
+        self.acquire_with(key, None)
+    }
+
+    /// The informer for a sharded `key` (a plugin's own stream), started if no one holds it; a
+    /// new one follows `ranges` (the ranges the plugin holds on this replica, as they change).
+    pub fn acquire_sharded(
+        &self,
+        key: InformerKey,
+        ranges: watch::Receiver<Vec<Range>>,
+    ) -> Arc<Informer> {
+        self.acquire_with(key, Some(ranges))
+    }
+
+    fn acquire_with(
+        &self,
+        key: InformerKey,
+        ranges: Option<watch::Receiver<Vec<Range>>>,
+    ) -> Arc<Informer> {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         running.retain(|_, w| w.strong_count() > 0);
         if let Some(existing) = running.get(&key).and_then(Weak::upgrade) {
             return existing;
         }
-        let informer = Arc::new(self.start(key.clone()));
+        // A sharded key acquired without its ranges holds none.
+        let ranges = match (&key.shard, ranges) {
+            (Some(_), Some(r)) => Some(r),
+            (Some(_), None) => Some(watch::channel(Vec::new()).1),
+            (None, _) => None,
+        };
+        let informer = Arc::new(self.start(key.clone(), ranges));
         running.insert(key, Arc::downgrade(&informer));
         // Every entry left holds a live informer (the dead were just removed).
         self.peak
@@ -269,29 +312,26 @@ impl Informers {
             .count()
     }
 
-    fn start(&self, key: InformerKey) -> Informer {
+    fn start(&self, key: InformerKey, ranges: Option<watch::Receiver<Vec<Range>>>) -> Informer {
         let store = Arc::new(ObjectStore::default());
         let (synced, _) = watch::channel(false);
+        let (covered, _) = watch::channel(Vec::new());
         let shared = Arc::new(Shared {
             subscribers: Mutex::new(Vec::new()),
             synced,
+            covered,
         });
+        let stream = Stream {
+            client: self.client.clone(),
+            key: key.clone(),
+            store: store.clone(),
+            shared: shared.clone(),
+            observer: self.observer.clone(),
+        };
         let task = if key.metadata_only {
-            tokio::spawn(run::<RawMeta>(
-                self.client.clone(),
-                key.clone(),
-                store.clone(),
-                shared.clone(),
-                self.observer.clone(),
-            ))
+            tokio::spawn(stream.run::<RawMeta>(ranges))
         } else {
-            tokio::spawn(run::<RawObject>(
-                self.client.clone(),
-                key.clone(),
-                store.clone(),
-                shared.clone(),
-                self.observer.clone(),
-            ))
+            tokio::spawn(stream.run::<RawObject>(ranges))
         };
         tracing::info!(informer = %key, "informer started");
         Informer {
@@ -303,88 +343,186 @@ impl Informers {
     }
 }
 
-async fn run<K>(
+/// What one informer's task works with.
+struct Stream {
     client: kube::Client,
     key: InformerKey,
     store: Arc<ObjectStore>,
     shared: Arc<Shared>,
     observer: Arc<dyn InformerObserver>,
-) where
-    K: kube::Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
-        + Into<Option<Arc<CachedObject>>>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-{
-    let ar = key.api_resource();
-    // A sharded plugin's informer lists and watches only its ranges.
-    let client = match &key.shard {
-        Some((by, ranges)) => {
-            crate::engine::shard_watch::client(client, crate::engine::shard::selector(*by, ranges))
-        }
-        None => client,
+}
+
+/// How long a sharded stream waits after its ranges change for more changes before it starts
+/// again (a replica joining takes or gives up several ranges within moments).
+const RANGES_SETTLE: Duration = Duration::from_millis(250);
+
+/// The next change of a sharded stream's ranges, once they have settled; never for a stream of
+/// every object, nor once the ranges' sender is gone (the plugin stopping: the stream keeps
+/// what it follows until it is dropped).
+async fn ranges_changed(ranges: &mut Option<watch::Receiver<Vec<Range>>>) {
+    let Some(r) = ranges.as_mut() else {
+        return std::future::pending().await;
     };
-    let mut told_ignored = false;
-    let api: Api<K> = match &key.namespace {
-        Some(ns) => Api::namespaced_with(client, ns, &ar),
-        None => Api::all_with(client, &ar),
-    };
-    let mut config = watcher::Config::default();
-    if let Some(sel) = &key.label_selector {
-        config = config.labels(sel);
+    if r.changed().await.is_err() {
+        return std::future::pending().await;
     }
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut relist: Option<HashMap<Key, Arc<CachedObject>>> = None;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => relist = Some(HashMap::new()),
-            Ok(Event::InitApply(o)) => {
-                let obj: Option<Arc<CachedObject>> = o.into();
-                if let (Some(buf), Some(obj)) = (relist.as_mut(), obj) {
-                    // A List's items come without apiVersion and kind.
-                    let obj = obj.with_type(&ar.api_version, &ar.kind);
-                    buf.insert(obj.key.clone(), obj);
+    loop {
+        match tokio::time::timeout(RANGES_SETTLE, r.changed()).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(_)) | Err(_) => return,
+        }
+    }
+}
+
+impl Stream {
+    /// Lists and watches until dropped. A sharded stream asks the API server for the ranges in
+    /// `ranges` only, and starts again (a new list, then a watch) each time they change: objects
+    /// of a range given up leave the cache without a deletion being told, and a range taken
+    /// joins [`Informer::covered`] once its list is in.
+    async fn run<K>(self, mut ranges: Option<watch::Receiver<Vec<Range>>>)
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
+            + Into<Option<Arc<CachedObject>>>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
+        loop {
+            let held = ranges.as_mut().map(|r| r.borrow_and_update().clone());
+            let follow = async {
+                match (&self.key.shard, &held) {
+                    (Some(s), Some(held)) => {
+                        // What is covered now and still held stays covered meanwhile.
+                        self.shared
+                            .covered
+                            .send_modify(|c| c.retain(|r| held.contains(r)));
+                        if held.is_empty() {
+                            // No range: nothing is asked of the API server, nothing cached.
+                            self.replace_all(HashMap::new(), Some((s.by, held)));
+                            self.shared.synced.send_replace(true);
+                            return std::future::pending().await;
+                        }
+                        let client = crate::engine::shard_watch::client(
+                            self.client.clone(),
+                            selector(s.by, held),
+                        );
+                        self.follow::<K>(client, Some((s.by, held))).await
+                    }
+                    _ => self.follow::<K>(self.client.clone(), None).await,
+                }
+            };
+            tokio::select! {
+                () = follow => return,
+                () = ranges_changed(&mut ranges) => {
+                    tracing::info!(informer = %self.key, "the ranges held changed: listing and watching them");
                 }
             }
-            Ok(Event::InitDone) => {
-                let fresh = relist.take().unwrap_or_default();
-                if let Some((by, ranges)) = &key.shard
-                    && !told_ignored
-                    && fresh.values().any(|o| {
-                        crate::engine::shard_watch::ignored(
-                            *by,
-                            ranges,
-                            &o.uid,
-                            o.key.namespace.as_deref(),
-                        )
-                    })
-                {
-                    told_ignored = true;
-                    tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this replica caches every object of the kind, and the host divides the work");
+        }
+    }
+
+    async fn follow<K>(&self, client: kube::Client, sharded: Option<(ShardBy, &Vec<Range>)>)
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
+            + Into<Option<Arc<CachedObject>>>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
+        let (key, store, shared, observer) = (&self.key, &self.store, &self.shared, &self.observer);
+        let ar = key.api_resource();
+        let mut told_ignored = false;
+        let api: Api<K> = match &key.namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &ar),
+            None => Api::all_with(client, &ar),
+        };
+        let mut config = watcher::Config::default();
+        if let Some(sel) = &key.label_selector {
+            config = config.labels(sel);
+        }
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut relist: Option<HashMap<Key, Arc<CachedObject>>> = None;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(Event::Init) => relist = Some(HashMap::new()),
+                Ok(Event::InitApply(o)) => {
+                    let obj: Option<Arc<CachedObject>> = o.into();
+                    if let (Some(buf), Some(obj)) = (relist.as_mut(), obj) {
+                        // A List's items come without apiVersion and kind.
+                        let obj = obj.with_type(&ar.api_version, &ar.kind);
+                        buf.insert(obj.key.clone(), obj);
+                    }
                 }
-                replace_all(&store, &shared, fresh, &*observer, &key);
-                shared.synced.send_replace(true);
-            }
-            Ok(Event::Apply(o)) => {
-                let obj: Option<Arc<CachedObject>> = o.into();
-                if let Some(obj) = obj {
-                    observer.event(&key, "apply");
-                    apply(&store, &shared, obj.with_type(&ar.api_version, &ar.kind));
+                Ok(Event::InitDone) => {
+                    let fresh = relist.take().unwrap_or_default();
+                    if let Some((by, held)) = sharded
+                        && !told_ignored
+                        && fresh
+                            .values()
+                            .any(|o| !holds(by, held, &o.uid, o.key.namespace.as_deref()))
+                    {
+                        told_ignored = true;
+                        tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this stream caches every object of the kind, and the host divides the work");
+                    }
+                    self.replace_all(fresh, sharded);
+                    if let Some((_, held)) = sharded {
+                        shared.covered.send_replace(held.clone());
+                    }
+                    shared.synced.send_replace(true);
+                }
+                Ok(Event::Apply(o)) => {
+                    let obj: Option<Arc<CachedObject>> = o.into();
+                    if let Some(obj) = obj {
+                        observer.event(key, "apply");
+                        apply(store, shared, obj.with_type(&ar.api_version, &ar.kind));
+                    }
+                }
+                Ok(Event::Delete(o)) => {
+                    if let Some(obj) = o.into() {
+                        observer.event(key, "delete");
+                        let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+                        let old = store.remove(&obj.key).unwrap_or(obj);
+                        broadcast(&mut subs, Change::Deleted { old });
+                    }
+                }
+                Err(e) => {
+                    observer.watch_error(key);
+                    tracing::warn!(informer = %key, "watch error (retrying with backoff): {e}");
                 }
             }
-            Ok(Event::Delete(o)) => {
-                if let Some(obj) = o.into() {
-                    observer.event(&key, "delete");
-                    let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
-                    let old = store.remove(&obj.key).unwrap_or(obj);
-                    broadcast(&mut subs, Change::Deleted { old });
-                }
-            }
-            Err(e) => {
-                observer.watch_error(&key);
-                tracing::warn!(informer = %key, "watch error (retrying with backoff): {e}");
+        }
+    }
+
+    /// Makes the store equal to a fresh list: what changed is applied, what is gone is deleted.
+    /// A sharded stream's objects outside the ranges it now follows leave without a deletion
+    /// told: they were not deleted, their range was given up.
+    fn replace_all(
+        &self,
+        fresh: HashMap<Key, Arc<CachedObject>>,
+        sharded: Option<(ShardBy, &Vec<Range>)>,
+    ) {
+        let (store, shared) = (&self.store, &self.shared);
+        let gone: Vec<Arc<CachedObject>> = store
+            .all()
+            .into_iter()
+            .filter(|o| !fresh.contains_key(&o.key))
+            .collect();
+        for obj in fresh.into_values() {
+            apply(store, shared, obj);
+        }
+        let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        for o in gone {
+            let Some(old) = store.remove(&o.key) else {
+                continue;
+            };
+            let left = sharded
+                .is_some_and(|(by, held)| !holds(by, held, &old.uid, old.key.namespace.as_deref()));
+            if !left {
+                self.observer.event(&self.key, "delete");
+                broadcast(&mut subs, Change::Deleted { old });
             }
         }
     }
@@ -401,32 +539,6 @@ fn apply(store: &ObjectStore, shared: &Shared, obj: Arc<CachedObject>) {
         return;
     }
     broadcast(&mut subs, Change::Applied { old, new: obj });
-}
-
-/// Makes the store equal to a fresh list: what changed is applied, what is gone is deleted.
-fn replace_all(
-    store: &ObjectStore,
-    shared: &Shared,
-    fresh: HashMap<Key, Arc<CachedObject>>,
-    observer: &dyn InformerObserver,
-    key: &InformerKey,
-) {
-    let gone: Vec<Key> = store
-        .all()
-        .into_iter()
-        .map(|o| o.key.clone())
-        .filter(|k| !fresh.contains_key(k))
-        .collect();
-    for obj in fresh.into_values() {
-        apply(store, shared, obj);
-    }
-    let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
-    for k in gone {
-        if let Some(old) = store.remove(&k) {
-            observer.event(key, "delete");
-            broadcast(&mut subs, Change::Deleted { old });
-        }
-    }
 }
 
 /// Delivers to every subscriber, and forgets those that are gone.

@@ -83,10 +83,26 @@ fn bound(b: u128) -> String {
     format!("0x{b:016x}")
 }
 
+/// `ranges` in order, touching ones joined (ranges 0–3 of 12 held are one range to the API
+/// server).
+pub fn merged(ranges: &[Range]) -> Vec<Range> {
+    let mut sorted = ranges.to_vec();
+    sorted.sort();
+    let mut out: Vec<Range> = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        match out.last_mut() {
+            Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 /// The `shardSelector` of `ranges` in the API server's wire format
-/// (`shardRange(object.metadata.uid, '0x…', '0x…') || …`); empty for no ranges.
+/// (`shardRange(object.metadata.uid, '0x…', '0x…') || …`, touching ranges joined); empty for no
+/// ranges.
 pub fn selector(by: ShardBy, ranges: &[Range]) -> String {
-    ranges
+    merged(ranges)
         .iter()
         .map(|r| {
             format!(
@@ -120,6 +136,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn touching_ranges_are_joined_and_apart_ones_kept() {
+        let r = split(12);
+        assert_eq!(
+            merged(&[r[3], r[0], r[1], r[2]]),
+            vec![Range {
+                start: 0,
+                end: r[3].end
+            }]
+        );
+        assert_eq!(merged(&[r[5], r[0], r[11]]), vec![r[0], r[5], r[11]]);
+        assert_eq!(
+            merged(&r),
+            vec![Range {
+                start: 0,
+                end: SPACE
+            }]
+        );
+        assert!(merged(&[]).is_empty());
+        assert_eq!(
+            selector(ShardBy::Uid, &[r[1], r[0]]),
+            selector(
+                ShardBy::Uid,
+                &[Range {
+                    start: 0,
+                    end: r[1].end
+                }]
+            )
+        );
+    }
+
+    #[test]
     fn the_hash_is_fnv1a_64() {
         // The FNV-1a test vectors.
         assert_eq!(fnv1a64(""), 0xcbf2_9ce4_8422_2325);
@@ -149,11 +196,15 @@ mod tests {
 
     #[test]
     fn the_selector_is_the_api_servers_wire_format() {
-        let halves = split(2);
+        let quarters = split(4);
         assert_eq!(
-            selector(ShardBy::Uid, &halves),
-            "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000') || \
-             shardRange(object.metadata.uid, '0x8000000000000000', '0x10000000000000000')"
+            selector(ShardBy::Uid, &[quarters[0], quarters[2]]),
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x4000000000000000') || \
+             shardRange(object.metadata.uid, '0x8000000000000000', '0xc000000000000000')"
+        );
+        assert_eq!(
+            selector(ShardBy::Uid, &quarters[2..]),
+            "shardRange(object.metadata.uid, '0x8000000000000000', '0x10000000000000000')"
         );
         assert_eq!(selector(ShardBy::Namespace, &[]), "");
     }

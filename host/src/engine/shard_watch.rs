@@ -4,13 +4,15 @@
 //! kube-runtime's watcher has no field for it, so the informer of a sharded plugin gets a client of
 //! its own whose GET requests (its list and its watch, the only requests it makes) carry the
 //! parameter. The selector is the host's own text ([`crate::engine::shard::selector`]), never a
-//! plugin's. An API server without the gate ignores the parameter and sends every object: the
-//! host-side filter still divides the work, and [`ignored`] tells the operator.
+//! plugin's. An API server without the gate ignores the parameter and sends every object:
+//! [`served`] tells the two apart before a plugin's stream is chosen, and the host-side filter
+//! still divides the work where the API server does not.
 
 use http::{Method, Request, Uri};
 use kube::client::Body;
 
-use crate::engine::shard::{Range, ShardBy, hash_of};
+use crate::engine::informer::InformerKey;
+use crate::engine::shard::{ShardBy, selector, split};
 
 /// `uri` with `shardSelector=SELECTOR` added to its query.
 pub fn with_selector(uri: &Uri, selector: &str) -> Option<Uri> {
@@ -37,17 +39,29 @@ pub fn client(client: kube::Client, selector: String) -> kube::Client {
     kube::Client::new(service, ns)
 }
 
-/// Whether a listed object lies outside `ranges`: the API server ignored the selector (its
-/// `ShardedListAndWatch` gate is off).
-pub fn ignored(by: ShardBy, ranges: &[Range], uid: &str, namespace: Option<&str>) -> bool {
-    let h = hash_of(by, uid, namespace);
-    !ranges.iter().any(|r| r.contains(h))
+/// Whether the API server filters `key`'s kind by `shardSelector` (its `ShardedListAndWatch`
+/// gate is on): a list of at most one object, asked for the whole hash space, comes back with
+/// `metadata.shardInfo` then, and without it when the parameter is ignored, however many objects
+/// there are.
+pub async fn served(client: &kube::Client, key: &InformerKey, by: ShardBy) -> anyhow::Result<bool> {
+    let ar = key.api_resource();
+    let api: kube::Api<kube::api::DynamicObject> = match &key.namespace {
+        Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &ar),
+        None => kube::Api::all_with(client.clone(), &ar),
+    };
+    let mut req = kube::core::Request::new(api.resource_url())
+        .list(&kube::api::ListParams::default().limit(1))?;
+    let uri = with_selector(req.uri(), &selector(by, &split(1)))
+        .ok_or_else(|| anyhow::anyhow!("cannot add a shardSelector to {}", req.uri()))?;
+    *req.uri_mut() = uri;
+    let text = client.request_text(req).await?;
+    let list: serde_json::Value = serde_json::from_str(&text)?;
+    Ok(list.pointer("/metadata/shardInfo/selector").is_some())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::shard::{selector, split};
 
     #[test]
     fn the_selector_is_added_to_the_query_encoded() {
@@ -75,22 +89,5 @@ mod tests {
                 .to_string()
                 .starts_with("/api/v1/pods?shardSelector=shardRange%28")
         );
-    }
-
-    #[test]
-    fn an_object_outside_the_ranges_shows_the_selector_was_ignored() {
-        let halves = split(2);
-        let uid = "0b5e6c1a-0000-4000-8000-00000000f00f";
-        let inside = halves
-            .iter()
-            .position(|r| r.contains(hash_of(ShardBy::Uid, uid, None)))
-            .expect("one half holds it");
-        assert!(!ignored(ShardBy::Uid, &halves[inside..=inside], uid, None));
-        assert!(ignored(
-            ShardBy::Uid,
-            &halves[1 - inside..=1 - inside],
-            uid,
-            None
-        ));
     }
 }

@@ -17,10 +17,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use crate::cluster::shards::{Sharding, Unit};
 use crate::engine::cache::{CachedObject, Key, ObjectStore};
 use crate::engine::queue::WorkQueue;
-use crate::engine::shard::{ShardBy, fnv1a64, hash_of};
+use crate::engine::shard::{Range, ShardBy, fnv1a64, hash_of};
 
 /// How long a deleted object's key keeps its UID's range.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
@@ -33,6 +35,11 @@ pub struct KeyShards {
     pub sharding: Arc<Sharding>,
     pub store: Arc<ObjectStore>,
     tombstones: Arc<Mutex<Tombstones>>,
+    /// Where the API server filters the primaries by range: the ranges the cache is complete
+    /// for ([`crate::engine::informer::Informer::covered`]). None: every primary is cached.
+    covered: Option<watch::Receiver<Vec<Range>>>,
+    /// The fixed keys of the plugin's mappings (placed by their text, never by an object).
+    fixed: Arc<[Key]>,
 }
 
 /// Recently deleted primaries' UIDs, by key; bounded in count and age.
@@ -66,12 +73,26 @@ impl Tombstones {
 }
 
 impl KeyShards {
-    pub fn new(sharding: Arc<Sharding>, store: Arc<ObjectStore>) -> KeyShards {
+    /// `covered`: the ranges a sharded stream's cache is complete for, where the API server
+    /// filters the primaries by range; None where every primary is cached.
+    pub fn new(
+        sharding: Arc<Sharding>,
+        store: Arc<ObjectStore>,
+        covered: Option<watch::Receiver<Vec<Range>>>,
+        fixed: &[Key],
+    ) -> KeyShards {
         KeyShards {
             sharding,
             store,
             tombstones: Arc::default(),
+            covered,
+            fixed: fixed.into(),
         }
+    }
+
+    /// Whether the API server filters the primaries by range (each replica caches its own).
+    pub fn server_side(&self) -> bool {
+        self.covered.is_some()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Tombstones> {
@@ -100,18 +121,25 @@ impl KeyShards {
         }
     }
 
-    /// The hash `key` is placed by when its primary, as read from the cache, is `object`.
-    pub fn hash_with(&self, key: &Key, object: Option<&CachedObject>) -> u64 {
+    /// The hash `key` is placed by when its primary, as read from the cache, is `object`. None
+    /// for a key this replica cannot place: sharded by UID with the API server filtering, a
+    /// primary neither cached nor recently deleted nor named by an owner reference is in a range
+    /// another replica caches (or does not exist, which cannot be told apart): its holder
+    /// places it.
+    pub fn hash_with(&self, key: &Key, object: Option<&CachedObject>) -> Option<u64> {
         match self.sharding.by {
-            ShardBy::Namespace => hash_of(ShardBy::Namespace, "", key.namespace.as_deref()),
+            ShardBy::Namespace => Some(hash_of(ShardBy::Namespace, "", key.namespace.as_deref())),
             ShardBy::Uid => match object {
-                Some(o) => hash_of(ShardBy::Uid, &o.uid, None),
+                Some(o) => Some(hash_of(ShardBy::Uid, &o.uid, None)),
                 None => {
                     let mut t = self.lock();
                     t.prune();
                     match t.by_key.get(key) {
-                        Some(uid) => hash_of(ShardBy::Uid, uid, None),
-                        None => fnv1a64(&key.to_string()),
+                        Some(uid) => Some(hash_of(ShardBy::Uid, uid, None)),
+                        None if !self.server_side() || self.fixed.contains(key) => {
+                            Some(fnv1a64(&key.to_string()))
+                        }
+                        None => None,
                     }
                 }
             },
@@ -125,17 +153,27 @@ impl KeyShards {
 
     /// The range `key` belongs to when its primary, as read from the cache, is `object`.
     pub fn unit_with(&self, key: &Key, object: Option<&CachedObject>) -> Option<&Unit> {
-        self.sharding.unit(self.hash_with(key, object))
+        self.sharding.unit(self.hash_with(key, object)?)
     }
 
-    /// Whether this replica holds `key`'s range now.
+    /// Whether this replica reconciles the keys of `unit` now: it holds the range, and (where
+    /// the API server filters) the range's objects are all in the cache.
+    pub fn ready(&self, unit: &Unit) -> bool {
+        unit.is_taking()
+            && self
+                .covered
+                .as_ref()
+                .is_none_or(|c| c.borrow().contains(&unit.range))
+    }
+
+    /// Whether this replica reconciles `key` now.
     pub fn mine(&self, key: &Key) -> bool {
-        self.unit(key).is_some_and(Unit::is_taking)
+        self.unit(key).is_some_and(|u| self.ready(u))
     }
 
     /// Queues every key of range `i` this replica knows: the cached primaries, the recent
     /// deletions and the fixed keys that fall in it.
-    fn queue_range(&self, i: usize, queue: &WorkQueue<Key>, fixed: &[Key]) -> usize {
+    fn queue_range(&self, i: usize, queue: &WorkQueue<Key>) -> usize {
         let mut queued = 0;
         let mut add = |k: &Key, unit: Option<&Unit>| {
             if unit.is_some_and(|u| u.index == i) {
@@ -148,46 +186,74 @@ impl KeyShards {
             add(&o.key, self.unit_with(&o.key, Some(&o)));
         }
         let deleted: Vec<Key> = self.lock().by_key.keys().cloned().collect();
-        for k in deleted.iter().chain(fixed) {
+        for k in deleted.iter().chain(self.fixed.iter()) {
             add(k, self.unit(k));
         }
         queued
     }
 
-    /// Queues every key of each range this replica holds at the start and takes from then on:
-    /// the replica that takes a range reconciles all of it (nothing its previous holder left is
-    /// forgotten). A range given up and taken again between two looks is queued again too.
-    pub async fn queue_ranges_taken(self, plugin: String, queue: WorkQueue<Key>, fixed: Vec<Key>) {
+    /// Queues every key of each range this replica holds at the start and takes from then on,
+    /// once the range is ready ([`KeyShards::ready`]: where the API server filters, once its
+    /// objects are listed): the replica that takes a range reconciles all of it (nothing its
+    /// previous holder left is forgotten). A range given up and taken again between two looks is
+    /// queued again too.
+    pub async fn queue_ranges_taken(self, plugin: String, queue: WorkQueue<Key>) {
         let mut changes: Vec<Option<_>> = self
             .sharding
             .units
             .iter()
             .map(|u| Some(u.taking_changes()))
             .collect();
-        for (i, t) in changes.iter_mut().enumerate() {
-            if t.as_mut().is_some_and(|t| *t.borrow_and_update()) {
-                self.queue_range(i, &queue, &fixed);
+        let mut covered = self.covered.clone();
+        let mut was_ready = vec![false; changes.len()];
+        // The first look queues every ready range, as a taking change would.
+        let mut taken: Vec<usize> = (0..changes.len()).collect();
+        loop {
+            for (i, t) in changes.iter_mut().enumerate() {
+                if let Some(t) = t {
+                    t.borrow_and_update();
+                }
+                let ready = self.ready(&self.sharding.units[i]);
+                if ready && (!was_ready[i] || taken.contains(&i)) {
+                    let queued = self.queue_range(i, &queue);
+                    tracing::info!(
+                        plugin,
+                        range = i,
+                        queued,
+                        "a range of the plugin's keys taken: its keys queued"
+                    );
+                }
+                was_ready[i] = ready;
             }
-        }
-        // A range whose elector is gone (the plugin stopping) is watched no more.
-        while changes.iter().any(Option::is_some) {
+            if let Some(c) = covered.as_mut() {
+                c.borrow_and_update();
+            }
+            // A range whose elector is gone (the plugin stopping) is watched no more.
+            if changes.iter().all(Option::is_none) {
+                return;
+            }
             let waits = changes.iter_mut().enumerate().filter_map(|(i, t)| {
                 t.as_mut()
                     .map(|t| Box::pin(async move { (i, t.changed().await.is_ok()) }))
             });
-            let ((i, open), _, _) = futures::future::select_all(waits).await;
-            let Some(t) = changes[i].as_mut().filter(|_| open) else {
-                changes[i] = None;
-                continue;
+            let covered_changed = async {
+                match covered.as_mut() {
+                    Some(c) => c.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
             };
-            if *t.borrow_and_update() {
-                let queued = self.queue_range(i, &queue, &fixed);
-                tracing::info!(
-                    plugin,
-                    range = i,
-                    queued,
-                    "a range of the plugin's keys taken: its keys queued"
-                );
+            taken.clear();
+            // Which range's taking changed (and whether its elector is still there), or None for
+            // the covered ranges (and whether their stream is still there).
+            let (which, open) = tokio::select! {
+                ((i, open), _, _) = futures::future::select_all(waits) => (Some(i), open),
+                open = covered_changed => (None, open),
+            };
+            match (which, open) {
+                (Some(i), true) => taken.push(i),
+                (Some(i), false) => changes[i] = None,
+                (None, false) => covered = None,
+                (None, true) => {}
             }
         }
     }

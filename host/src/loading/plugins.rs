@@ -39,7 +39,7 @@ use crate::contract::{Description, isolation};
 use crate::engine::controller::{
     Controller, ControllerDebug, ControllerParts, Version, plugin_cache, resolve_watches,
 };
-use crate::engine::informer::InformerKey;
+use crate::engine::informer::{InformerKey, ShardedStream};
 use crate::loading::files;
 use crate::loading::settings::{ControllerSelection, PluginSettings, SecretRef};
 use crate::sandbox::http::effective_hosts;
@@ -947,7 +947,15 @@ impl PluginManager {
             |(stem, keys, version)| async move {
                 let now = resolve_watches(&self.parts.api, &version.description).await;
                 let same = match &now {
-                    Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys.iter()),
+                    // A sharded plugin's own stream of its primaries is the same kind's.
+                    Ok(watches) => watches.iter().map(|(k, _)| k).eq(keys
+                        .iter()
+                        .map(|k| InformerKey {
+                            shard: None,
+                            ..k.clone()
+                        })
+                        .collect::<Vec<_>>()
+                        .iter()),
                     // Not served any more (a 404); anything else (the API server unreachable) is
                     // no reason to stop a running plugin.
                     Err(f) => f.code != 404,

@@ -317,6 +317,27 @@ impl PluginManager {
             )
             .into());
         }
+        // A sharded plugin's primaries come by a stream of its own that asks the API server for
+        // the ranges this replica holds, where the API server filters by range (KEP-5866);
+        // elsewhere by the shared stream of every object, the host dividing the work.
+        let mut keys = keys;
+        if let (Some((_, by)), Some(primary)) = (sharded, keys.first_mut()) {
+            let client = self.parts.informers.client();
+            match crate::engine::shard_watch::served(client, primary, by).await {
+                Ok(true) => {
+                    primary.shard = Some(ShardedStream {
+                        by,
+                        plugin: name.clone(),
+                    })
+                }
+                Ok(false) => {
+                    tracing::warn!(plugin = %name, "the API server does not filter lists and watches by shardSelector (its ShardedListAndWatch gate is off): each replica caches every primary of the plugin, and the host divides the work")
+                }
+                Err(e) => {
+                    tracing::warn!(plugin = %name, "could not tell whether the API server filters by shardSelector ({e:#}): each replica caches every primary of the plugin, and the host divides the work")
+                }
+            }
+        }
         let same_shape = match &previous {
             Some(c) => {
                 c.name == name
@@ -342,12 +363,18 @@ impl PluginManager {
                 self.events.unregister(&old_name);
             }
         }
-        let informers: Vec<_> = keys
-            .iter()
-            .map(|k| self.parts.informers.acquire(k.clone()))
-            .collect();
         // Per plugin, the plugin's election; a version swapped in keeps the running one's.
         let gate = self.parts.election.gate(&name, sharded);
+        let informers: Vec<_> = keys
+            .iter()
+            .map(|k| match (&k.shard, &gate.sharding) {
+                (Some(_), Some(s)) => self
+                    .parts
+                    .informers
+                    .acquire_sharded(k.clone(), s.held_ranges()),
+                _ => self.parts.informers.acquire(k.clone()),
+            })
+            .collect();
         self.events
             .register(&name, identity.client().clone(), gate.tenure.clone());
         // The plugin's own metrics, exported from here on (a new version's replace the old ones').
