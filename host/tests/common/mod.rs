@@ -201,6 +201,11 @@ pub async fn grant(plugins: &[PathBuf]) -> Result<()> {
 
 /// Grants every `.wasm` in `dir`.
 pub async fn grant_dir(dir: &Path) -> Result<()> {
+    grant_dir_in(testenv::TestEnv::shared().await?, dir).await
+}
+
+/// [`grant_dir`] in the cluster `env`.
+pub async fn grant_dir_in(env: &testenv::TestEnv, dir: &Path) -> Result<()> {
     let mut files = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
@@ -215,7 +220,6 @@ pub async fn grant_dir(dir: &Path) -> Result<()> {
     // A file that is not a usable plugin has nothing to grant (the tests of bad files).
     for f in files {
         if let Ok(objects) = rbac_for(std::slice::from_ref(&f)).await {
-            let env = testenv::TestEnv::shared().await?;
             rbac::apply(&env.client().await?, &objects).await?;
         }
     }
