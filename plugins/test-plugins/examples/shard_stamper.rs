@@ -1,10 +1,11 @@
 //! `shard-stamper`: for sharding tests. Each ConfigMap it reconciles whose `data.value` differs
 //! from its `wcm.test/stamped` annotation gets, in one patch, `wcm.test/stamped` = that value,
 //! `wcm.test/by` = the replica named by its `replica` setting (NAME.toml `config`), and
-//! `wcm.test/at` = the reconcile's start (milliseconds since the Unix epoch). With `burn_ms` set,
-//! each reconcile first spends about that much guest CPU (the benchmark's ~1 ms plugin).
+//! `wcm.test/at` = the reconcile's start (milliseconds since the Unix epoch). With `burn_k` set,
+//! each reconcile first does that many thousand steps of arithmetic: a fixed amount of CPU work,
+//! whatever the CPU quota (the sharding benchmark's ~1 ms plugin; it measures the CPU it takes).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
@@ -27,8 +28,8 @@ impl Reconciler for ShardStamper {
         let Some(cm) = req.object::<ConfigMap>()? else {
             return Ok(Action::done());
         };
-        if let Some(ms) = ctx.config_parse::<u64>("burn_ms")? {
-            burn(Duration::from_millis(ms.min(100)));
+        if let Some(k) = ctx.config_parse::<u64>("burn_k")? {
+            burn(k.min(100_000));
         }
         let value = test_plugins::value_of(&cm);
         let stamped = cm
@@ -53,17 +54,16 @@ impl Reconciler for ShardStamper {
     }
 }
 
-/// Spends about `d` of CPU.
-fn burn(d: Duration) {
-    let start = Instant::now();
+/// `k` thousand steps of a linear congruential generator.
+fn burn(k: u64) {
     let mut x: u64 = 1;
-    while start.elapsed() < d {
+    for _ in 0..k {
         for _ in 0..1000 {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
         }
-        std::hint::black_box(x);
+        x = std::hint::black_box(x);
     }
 }
 
