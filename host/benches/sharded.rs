@@ -12,12 +12,16 @@
 //! with 1 KiB of data each.
 //!
 //! A round is one NAME.toml change on every replica at once (a version swap: every key of the
-//! replica's ranges is reconciled again). **Throughput at saturation** is the sum over replicas
-//! of each replica's reconciles divided by the time it was busy with them (its first to its last
-//! reconcile of the round, read from its `controller_runtime_reconcile_total` every 50 ms), so a
-//! replica that noticed the change later does not count against the others; the median of 3
-//! rounds. **RSS** is each replica's resident memory after the rounds; its **cache memory** is
-//! that less the RSS of one replica with the plugin running before the objects were made.
+//! replica's ranges is reconciled again; a replica sees it at its next rescan, within 2 s).
+//! **Throughput at saturation** is the sum over replicas of each replica's reconciles divided by
+//! the time it was busy with them (from its first to its last reconcile start of the round, in
+//! its log), so a replica that noticed the change later does not count against the others; the
+//! rate by the wall clock (every reconcile over the first start to the last, on any replica) is
+//! shown beside it; the median of 3 rounds. **RSS** is each replica's resident memory after the
+//! rounds, each replica having been started again once into the split (the first replica up takes
+//! every range until the others join, and would keep that list's high-water mark); its **cache
+//! memory** is that less the RSS of one replica with the plugin running before the objects were
+//! made.
 //!
 //! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench sharded`, as
 //! root (cgroups), with `WCM_TESTENV_BIN` set (about 12 minutes; prints a report;
@@ -114,7 +118,11 @@ impl Replica {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let child = Command::new(env!("CARGO_BIN_EXE_wasm-controller-manager"))
             .env("POD_NAME", name)
-            .env("RUST_LOG", "wasm_controller_manager=info")
+            // Each reconcile's start, for the rate while busy.
+            .env(
+                "RUST_LOG",
+                "wasm_controller_manager=info,wasm_controller_manager::engine::controller=debug",
+            )
             .arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -212,9 +220,10 @@ impl Replica {
     }
 }
 
-/// Waits until the replicas split the 12 ranges evenly and cache them (with the gate, `total`
-/// objects among them; without, `total` each), and no reconcile ran for 2 s.
-async fn settle(replicas: &[Replica], total: usize, gate: bool) {
+/// Waits until the replicas split the 12 ranges evenly and cache them (with the gate, every
+/// ConfigMap of the cluster among them; without, every one each: the plugin's stream watches every
+/// namespace), and no reconcile ran for 2 s.
+async fn settle(replicas: &[Replica], every: &Api<ConfigMap>, gate: bool) {
     let share = SHARDS / replicas.len();
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut quiet_since = Instant::now();
@@ -222,6 +231,12 @@ async fn settle(replicas: &[Replica], total: usize, gate: bool) {
     loop {
         assert!(Instant::now() < deadline, "the replicas did not settle");
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let total = every
+            .list_metadata(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .len();
         let mut ok = true;
         let mut cached = 0;
         for r in replicas {
@@ -249,9 +264,46 @@ async fn settle(replicas: &[Replica], total: usize, gate: bool) {
     }
 }
 
-/// One round: every replica's settings change at once; each replica's reconciles and the time it
-/// was busy with them.
-async fn round(replicas: &[Replica], burn_k: u64, r: usize, keys: usize) -> Vec<(f64, f64)> {
+/// Seconds since midnight of a log line's RFC 3339 timestamp (`2026-11-27T11:37:40.989922Z …`).
+fn log_time(line: &str) -> Option<f64> {
+    let t = line.split_once('T')?.1.split_once('Z')?.0;
+    let mut parts = t.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// A replica's reconciles since its latest version swap, from its log: how many started, and the
+/// times of the first and the last start.
+fn reconciles_since_swap(log: &Path) -> (usize, f64, f64) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let swap = lines
+        .iter()
+        .rposition(|l| l.contains("new version: replacing in place"))
+        .unwrap_or(0);
+    let starts: Vec<f64> = lines[swap..]
+        .iter()
+        .filter(|l| l.contains("reconcile started"))
+        .filter_map(|l| log_time(l))
+        .collect();
+    let first = starts.iter().cloned().fold(f64::INFINITY, f64::min);
+    let last = starts.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (starts.len(), first, last)
+}
+
+/// One round: every replica's settings change at once. Each replica's rate while busy (its
+/// reconciles of the round over the time from its first to its last reconcile start, from its
+/// log), and the round's rate by the wall clock (every reconcile over the time from the first
+/// start on any replica to the last on any: a replica that noticed the change later counts).
+async fn round(
+    replicas: &[Replica],
+    logs: &Path,
+    burn_k: u64,
+    r: usize,
+    keys: usize,
+) -> (Vec<f64>, f64) {
     let before: Vec<f64> = futures::future::join_all(replicas.iter().map(|x| x.reconciles())).await;
     for x in replicas {
         std::fs::write(
@@ -261,25 +313,15 @@ async fn round(replicas: &[Replica], burn_k: u64, r: usize, keys: usize) -> Vec<
         .expect("settings");
     }
     let t0 = Instant::now();
-    let mut first: Vec<Option<Instant>> = vec![None; replicas.len()];
-    let mut last_change: Vec<Instant> = vec![t0; replicas.len()];
-    let mut now_count = before.clone();
+    let mut last = before.clone();
     let mut quiet = Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let counts: Vec<f64> =
             futures::future::join_all(replicas.iter().map(|x| x.reconciles())).await;
-        let at = Instant::now();
-        for (i, c) in counts.iter().enumerate() {
-            if *c != now_count[i] {
-                if first[i].is_none() {
-                    // Its first reconcile of the round happened within the last poll.
-                    first[i] = Some(at - Duration::from_millis(25));
-                }
-                last_change[i] = at;
-                now_count[i] = *c;
-                quiet = at;
-            }
+        if counts != last {
+            quiet = Instant::now();
+            last = counts.clone();
         }
         let done: f64 = counts.iter().zip(&before).map(|(c, b)| c - b).sum();
         if done >= keys as f64 && quiet.elapsed() >= Duration::from_secs(1) {
@@ -290,19 +332,36 @@ async fn round(replicas: &[Replica], burn_k: u64, r: usize, keys: usize) -> Vec<
             "the round did not end: {done} of {keys}"
         );
     }
-    (0..replicas.len())
-        .map(|i| {
-            let n = now_count[i] - before[i];
-            let busy = first[i].map_or(0.0, |f| (last_change[i] - f).as_secs_f64());
-            (n, busy)
+    let seen: Vec<(usize, f64, f64)> = replicas
+        .iter()
+        .map(|x| reconciles_since_swap(&logs.join(format!("{}.log", x.name))))
+        .collect();
+    let rates = seen
+        .iter()
+        .map(|(n, a, b)| {
+            if b > a {
+                (*n as f64 - 1.0) / (b - a)
+            } else {
+                0.0
+            }
         })
-        .collect()
+        .collect();
+    let total: usize = seen.iter().map(|s| s.0).sum();
+    let first = seen.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+    let end = seen.iter().map(|s| s.2).fold(f64::NEG_INFINITY, f64::max);
+    let wall = if end > first {
+        (total as f64 - 1.0) / (end - first)
+    } else {
+        0.0
+    };
+    (rates, wall)
 }
 
 struct Row {
     mode: &'static str,
     replicas: usize,
     throughput: f64,
+    wall: f64,
     per_replica: Vec<f64>,
     rss: Vec<f64>,
     cache: Vec<f64>,
@@ -316,6 +375,7 @@ async fn run() {
     let burn_k: u64 = env_or("WCM_BENCH_SHARD_BURN_K", 600);
     let pad = "x".repeat(1024);
     let mut rows = Vec::new();
+    let mut bases = BTreeMap::new();
     for (mode, gate) in [("server-side", true), ("fallback", false)] {
         let args: &[&str] = if gate {
             &[]
@@ -327,6 +387,7 @@ async fn run() {
         let ns = env.namespace("bench-shards").await.expect("namespace");
         let kubeconfig = env.kubeconfig_path().expect("kubeconfig").to_path_buf();
         let logs = std::env::temp_dir().join(format!("wcm-bench-shards-logs-{mode}"));
+        let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs).expect("logs");
         let grant_dir = std::env::temp_dir().join(format!("wcm-bench-shards-grant-{mode}"));
         std::fs::create_dir_all(&grant_dir).expect("grant dir");
@@ -335,21 +396,19 @@ async fn run() {
             grant_dir.join(format!("{PLUGIN}.wasm")),
         )
         .expect("plugin");
+        // The settings name the plugin (and so its identity) as the replicas' do.
+        std::fs::write(
+            grant_dir.join(format!("{PLUGIN}.toml")),
+            settings("grant", &ns.name, burn_k, 0),
+        )
+        .expect("settings");
         granted(&env, &grant_dir).await;
         let every: Api<ConfigMap> = Api::all(client.clone());
-        let count = || async {
-            every
-                .list_metadata(&Default::default())
-                .await
-                .expect("list")
-                .items
-                .len()
-        };
 
         // The memory of a replica running the plugin before the objects exist.
         let leases = env.namespace("bench-leases").await.expect("namespace");
         let base = {
-            let r = Replica::start(
+            let one = [Replica::start(
                 "base",
                 &ns.name,
                 &kubeconfig,
@@ -357,11 +416,11 @@ async fn run() {
                 burn_k,
                 cpu,
                 &logs,
-            );
-            let one = [r];
-            settle(&one, count().await, gate).await;
+            )];
+            settle(&one, &every, gate).await;
             rss_mib_of(&one[0].pid())
         };
+        bases.insert(mode, base);
 
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
         let made = Instant::now();
@@ -384,45 +443,61 @@ async fn run() {
             .collect::<Vec<_>>()
             .await;
         println!("{mode}: {n} ConfigMaps made in {:?}", made.elapsed());
-        let total = count().await;
 
         for k in 1..=4usize {
             let leases = env.namespace("bench-leases").await.expect("namespace");
-            let replicas: Vec<Replica> = (0..k)
-                .map(|i| {
-                    Replica::start(
-                        &format!("r{k}-{i}"),
-                        &ns.name,
-                        &kubeconfig,
-                        &leases.name,
-                        burn_k,
-                        cpu,
-                        &logs,
-                    )
-                })
-                .collect();
+            let start = |i: usize| {
+                Replica::start(
+                    &format!("r{k}-{i}"),
+                    &ns.name,
+                    &kubeconfig,
+                    &leases.name,
+                    burn_k,
+                    cpu,
+                    &logs,
+                )
+            };
+            let mut replicas: Vec<Replica> = (0..k).map(start).collect();
             let started = Instant::now();
-            settle(&replicas, total, gate).await;
+            settle(&replicas, &every, gate).await;
+            // The first replica up takes every range until the others join, and keeps the
+            // high-water mark of that list: each is started again once into the split, and takes
+            // only its share.
+            for i in 0..k {
+                if k > 1 {
+                    drop(replicas.remove(i));
+                    replicas.insert(i, start(i));
+                    settle(&replicas, &every, gate).await;
+                }
+            }
             println!(
-                "{mode}, {k} replicas: settled after {:?}",
+                "{mode}, {k} replicas: settled (each started again once) after {:?}",
                 started.elapsed()
             );
             let cpu0: f64 = replicas.iter().map(|r| cpu_seconds_of(&r.pid())).sum();
             let mut results = Vec::new();
             let mut reconciled = 0.0;
             for r in 1..=ROUNDS {
-                let per = round(&replicas, burn_k, r, n).await;
-                reconciled += per.iter().map(|(c, _)| c).sum::<f64>();
-                let tput: f64 = per
+                let before: f64 =
+                    futures::future::join_all(replicas.iter().map(|x| x.reconciles()))
+                        .await
+                        .iter()
+                        .sum();
+                let (rates, wall) = round(&replicas, &logs, burn_k, r, n).await;
+                let after: f64 = futures::future::join_all(replicas.iter().map(|x| x.reconciles()))
+                    .await
                     .iter()
-                    .map(|(c, b)| if *b > 0.0 { c / b } else { 0.0 })
                     .sum();
-                println!("{mode}, {k} replicas, round {r}: {tput:.0}/s ({per:?})");
-                results.push((tput, per));
+                reconciled += after - before;
+                let busy: f64 = rates.iter().sum();
+                println!(
+                    "{mode}, {k} replicas, round {r}: {busy:.0}/s busy ({rates:.0?}), {wall:.0}/s by the wall clock"
+                );
+                results.push((busy, wall, rates));
             }
             let cpu1: f64 = replicas.iter().map(|r| cpu_seconds_of(&r.pid())).sum();
             results.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (throughput, per) = results[ROUNDS / 2].clone();
+            let (throughput, wall, per_replica) = results[ROUNDS / 2].clone();
             let rss: Vec<f64> = replicas.iter().map(|r| rss_mib_of(&r.pid())).collect();
             let mut cached = Vec::new();
             for r in &replicas {
@@ -432,10 +507,8 @@ async fn run() {
                 mode,
                 replicas: k,
                 throughput,
-                per_replica: per
-                    .iter()
-                    .map(|(c, b)| if *b > 0.0 { c / b } else { 0.0 })
-                    .collect(),
+                wall,
+                per_replica,
                 cache: rss.iter().map(|r| r - base).collect(),
                 rss,
                 cached,
@@ -443,52 +516,44 @@ async fn run() {
                 // included), per reconcile.
                 cpu_ms: (cpu1 - cpu0) * 1000.0 / reconciled.max(1.0),
             });
-            drop(replicas);
         }
-        println!("{mode}: base RSS {base:.1} MiB (one replica, the plugin running, no object)");
     }
 
     println!(
-        "\n{n} ConfigMaps (1 KiB each), shards = 12, burn_k = {burn_k}, {cpu} CPU per replica\n"
+        "\n{n} ConfigMaps (1 KiB of data each), shards = 12, burn_k = {burn_k}, {cpu} CPU per replica; base RSS (one replica, the plugin running, no object): {bases:.1?} MiB\n"
     );
     println!(
-        "| mode | replicas | throughput /s | × 1 replica | per replica /s | CPU per reconcile | RSS per replica MiB | cache MiB per replica | × 1 replica's cache | primaries cached |"
+        "| mode | replicas | throughput while busy /s | × 1 replica | by the wall clock /s | per replica /s | CPU per reconcile | RSS per replica MiB | cache MiB per replica | largest cache ÷ 1 replica's | primaries cached |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut one: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    let join = |v: &[String]| v.join(" / ");
     for r in &rows {
         let cache = r.cache.iter().cloned().fold(0.0, f64::max);
         let (t1, c1) = *one.entry(r.mode).or_insert((r.throughput, cache));
-        let fmt = |v: &[f64]| {
-            v.iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(" / ")
-        };
         println!(
-            "| {} | {} | {:.0} | {:.2}× | {} | {:.2} ms | {} | {} | {:.2} | {} |",
+            "| {} | {} | {:.0} | {:.2}× | {:.0} | {} | {:.2} ms | {} | {} | {:.2} | {} |",
             r.mode,
             r.replicas,
             r.throughput,
             r.throughput / t1,
-            fmt(&r.per_replica),
+            r.wall,
+            join(
+                &r.per_replica
+                    .iter()
+                    .map(|x| format!("{x:.0}"))
+                    .collect::<Vec<_>>()
+            ),
             r.cpu_ms,
-            r.rss
-                .iter()
-                .map(|x| format!("{x:.1}"))
-                .collect::<Vec<_>>()
-                .join(" / "),
-            r.cache
-                .iter()
-                .map(|x| format!("{x:.1}"))
-                .collect::<Vec<_>>()
-                .join(" / "),
+            join(&r.rss.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>()),
+            join(
+                &r.cache
+                    .iter()
+                    .map(|x| format!("{x:.1}"))
+                    .collect::<Vec<_>>()
+            ),
             cache / c1,
-            r.cached
-                .iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(" / "),
+            join(&r.cached.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
         );
     }
 }

@@ -324,9 +324,7 @@ async fn caches_hold_their_share(
                 cached.values().all(|c| *c == n)
             };
             if ok {
-                if ok {
-                    println!("{phase}: primaries cached per replica {cached:?} of {n}");
-                }
+                println!("{phase}: primaries cached per replica {cached:?} of {n}");
             }
             Ok(ok.then_some(()))
         },
@@ -335,7 +333,8 @@ async fn caches_hold_their_share(
 }
 
 /// With the gate: each live replica's latest watch of ConfigMaps (its audit event) asks for
-/// exactly the ranges its Leases hold. Without: the API server has no sharded watch at all.
+/// exactly the ranges its Leases hold. Without: each replica watches every object (no
+/// `shardSelector`), and the API server has no sharded watch at all.
 /// (The API server's `apiserver_watch_shards_total` gauge is not used: in 1.36.2 it drops by
 /// two when a sharded watch is stopped, so it undercounts once a replica's ranges have moved.)
 async fn watches_follow_the_leases(
@@ -352,13 +351,6 @@ async fn watches_follow_the_leases(
         &format!("{phase}: each replica watches its Leases' ranges"),
         Duration::from_secs(60),
         || async {
-            if !gate {
-                let sharded = env
-                    .apiserver_metric("apiserver_watch_shards_total", &labels)
-                    .await?;
-                ensure!(sharded == 0.0, "{phase}: {sharded} sharded watches");
-                return Ok(Some(()));
-            }
             let owners = range_owners(leases).await?;
             let mut latest: BTreeMap<&str, (String, String)> = BTreeMap::new();
             for e in env.audit_events_since(since)? {
@@ -384,6 +376,19 @@ async fn watches_follow_the_leases(
                         latest.insert(r, (e.request_received_timestamp.clone(), sel));
                     }
                 }
+            }
+            if !gate {
+                // Every replica watches, and none asks for ranges: the host told the gate off.
+                let sharded = env
+                    .apiserver_metric("apiserver_watch_shards_total", &labels)
+                    .await?;
+                ensure!(sharded == 0.0, "{phase}: {sharded} sharded watches");
+                for r in replicas {
+                    if let Some((_, sel)) = latest.get(r) {
+                        ensure!(sel.is_empty(), "{phase}: {r} watches with {sel:?}");
+                    }
+                }
+                return Ok((latest.len() == replicas.len()).then_some(()));
             }
             let all = shard::split(SHARDS as u32);
             let mut matches = true;

@@ -297,10 +297,13 @@ impl Controller {
             .first()
             .filter(|i| i.key.shard.is_some())
             .map(|i| i.covered());
-        let shards = gate
-            .sharding
-            .clone()
-            .map(|sharding| KeyShards::new(sharding, primary_store.clone(), covered, &fixed_keys));
+        let shards = gate.sharding.clone().map(|sharding| {
+            let s = KeyShards::new(sharding, primary_store.clone(), covered, &fixed_keys);
+            match informers.first().filter(|i| i.key.shard.is_some()) {
+                Some(i) => s.with_live_reads(parts.informers.client().clone(), i.key.clone()),
+                None => s,
+            }
+        });
         // Validated at load; a description that got here has well-formed filters.
         let filters = change_filter::filters(d).unwrap_or_default();
         // Keys past the cap of one change: logged at most once a minute for the plugin.
@@ -753,6 +756,28 @@ impl Worker {
             // (the range's Lease is not given up while one runs), then taken only if the range is
             // still held; its writes go under the range's tenure (else the plugin's).
             let object = self.store.get(&key);
+            // Server-side by UID, a primary this replica saw deleted may have been made again
+            // under its name, in another replica's range: that replica reconciles it, and this
+            // one does not reconcile it as deleted meanwhile.
+            if object.is_none()
+                && let Some(s) = &self.shards
+                && let Some(dead) = s.deleted_uid(&key)
+            {
+                match s.live_uid(&key).await {
+                    Ok(Some(uid)) if uid != dead => {
+                        self.queue.forget(&key);
+                        self.queue.done(&key);
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(plugin = %self.name, %key, "could not read whether a deleted primary was made again (retrying): {e}");
+                        self.queue.add_rate_limited(key.clone());
+                        self.queue.done(&key);
+                        continue;
+                    }
+                }
+            }
             let (range_in_flight, tenure) = match &self.shards {
                 Some(s) => {
                     let unit = s.unit_with(&key, object.as_deref());

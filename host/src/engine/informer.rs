@@ -43,10 +43,12 @@ pub struct InformerKey {
 }
 
 /// Whose ranges a sharded stream follows: one plugin's on this replica (two plugins' elections
-/// hold different ranges, so the stream is the plugin's own).
+/// hold different ranges, so the stream is the plugin's own), in one layout (another count of
+/// ranges is another election, so another stream).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ShardedStream {
     pub by: ShardBy,
+    pub count: u32,
     pub plugin: String,
 }
 
@@ -83,7 +85,7 @@ impl std::fmt::Display for InformerKey {
             write!(f, " (metadata)")?;
         }
         if let Some(s) = &self.shard {
-            write!(f, " (sharded by {} for {})", s.by, s.plugin)?;
+            write!(f, " (sharded by {} in {} for {})", s.by, s.count, s.plugin)?;
         }
         Ok(())
     }

@@ -4,9 +4,11 @@
 //! or of its namespace (by `namespace`), as the API server's `ShardedListAndWatch` computes it.
 //! Under `uid`, a deleted object's key keeps its UID's range for a while (a bounded record of
 //! deletions, [`TOMBSTONE_TTL`]), so the reconcile of a deletion stays with the range the object
-//! was in; a key no object of which was seen (a fixed key, a mapping to an object not made yet) is
-//! placed by the hash of its own text (`namespace/name`). Every replica computes the same from the
-//! same stream of changes, so each key has one owner.
+//! was in; a fixed key of a mapping is placed by the hash of its own text (`namespace/name`), and
+//! so is, where every replica caches every primary, a key no object of which was seen (a mapping
+//! to an object not made yet). Every replica computes the same from the same stream of changes,
+//! so each key has one owner. Where the API server filters by range, a key whose primary this
+//! replica neither caches nor saw deleted is another replica's (or names nothing): left alone.
 //!
 //! The check is made twice: when a change queues a key (a replica queues only its own keys), and
 //! when a worker takes it (a range given away meanwhile is not reconciled here: the replica that
@@ -40,6 +42,9 @@ pub struct KeyShards {
     covered: Option<watch::Receiver<Vec<Range>>>,
     /// The fixed keys of the plugin's mappings (placed by their text, never by an object).
     fixed: Arc<[Key]>,
+    /// Where the API server filters: the host's client and the primary stream's key, to ask
+    /// whether a primary this replica saw deleted was made again under its name.
+    live: Option<(kube::Client, crate::engine::informer::InformerKey)>,
 }
 
 /// Recently deleted primaries' UIDs, by key; bounded in count and age.
@@ -87,7 +92,59 @@ impl KeyShards {
             tombstones: Arc::default(),
             covered,
             fixed: fixed.into(),
+            live: None,
         }
+    }
+
+    /// Where the API server filters by range: `client` may read the primaries of `key`'s stream.
+    pub fn with_live_reads(
+        mut self,
+        client: kube::Client,
+        key: crate::engine::informer::InformerKey,
+    ) -> KeyShards {
+        self.live = Some((client, key));
+        self
+    }
+
+    /// Server-side by UID, a key whose primary is not cached here and which a deletion record
+    /// places: the UID recorded. Its primary may have been made again under the same name with
+    /// a new UID, in a range another replica caches: see [`KeyShards::live_uid`].
+    pub fn deleted_uid(&self, key: &Key) -> Option<String> {
+        if !self.server_side() || self.sharding.by != ShardBy::Uid || self.fixed.contains(key) {
+            return None;
+        }
+        let mut t = self.lock();
+        t.prune();
+        t.by_key.get(key).cloned()
+    }
+
+    /// The UID of `key`'s primary as the API server has it now (None: there is none), listed by
+    /// name as the host. A primary made again under the name of one this replica saw deleted is not
+    /// reconciled here as deleted: it is in its new UID's range, whose holder reconciles it.
+    pub async fn live_uid(&self, key: &Key) -> Result<Option<String>, kube::Error> {
+        let Some((client, informer)) = &self.live else {
+            return Ok(None);
+        };
+        let ar = informer.api_resource();
+        let api: kube::Api<kube::api::DynamicObject> = match &key.namespace {
+            Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &ar),
+            None => kube::Api::all_with(client.clone(), &ar),
+        };
+        // A name from an owner reference is anyone's text: only an object name (letters, digits,
+        // `-._:`) may name an object, and stand in a field selector.
+        if wcm_validate::name(&key.name).is_err() {
+            return Ok(None);
+        }
+        // A list by name: the host lists and watches the kind, and may not be granted `get`.
+        let by_name =
+            kube::api::ListParams::default().fields(&format!("metadata.name={}", key.name));
+        Ok(api
+            .list_metadata(&by_name)
+            .await?
+            .items
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(key.name.as_str()))
+            .and_then(|o| o.metadata.uid))
     }
 
     /// Whether the API server filters the primaries by range (each replica caches its own).
@@ -111,8 +168,19 @@ impl KeyShards {
     /// the primary is not cached (the garbage collector deleting the children of a deleted
     /// primary, say): the key is placed by that UID, unless a deletion placed it already. Every
     /// replica sees the same change, a replica started after the primary's deletion included.
+    /// Where the API server filters, only a UID of a range this replica holds is recorded: the
+    /// others' primaries are live on their holders (recording them would push real deletions out
+    /// of the bounded record), and a key of a range not held is not this replica's anyway.
     pub fn owned_by(&self, key: &Key, uid: &str) {
         if self.sharding.by != ShardBy::Uid || self.store.get(key).is_some() {
+            return;
+        }
+        if self.server_side()
+            && !self
+                .sharding
+                .unit(hash_of(ShardBy::Uid, uid, None))
+                .is_some_and(Unit::is_taking)
+        {
             return;
         }
         let mut t = self.lock();
@@ -129,6 +197,9 @@ impl KeyShards {
     pub fn hash_with(&self, key: &Key, object: Option<&CachedObject>) -> Option<u64> {
         match self.sharding.by {
             ShardBy::Namespace => Some(hash_of(ShardBy::Namespace, "", key.namespace.as_deref())),
+            // A fixed key is placed by its text whether or not its object is cached here: every
+            // replica places it alike, whichever caches the object.
+            ShardBy::Uid if self.fixed.contains(key) => Some(fnv1a64(&key.to_string())),
             ShardBy::Uid => match object {
                 Some(o) => Some(hash_of(ShardBy::Uid, &o.uid, None)),
                 None => {
@@ -136,9 +207,7 @@ impl KeyShards {
                     t.prune();
                     match t.by_key.get(key) {
                         Some(uid) => Some(hash_of(ShardBy::Uid, uid, None)),
-                        None if !self.server_side() || self.fixed.contains(key) => {
-                            Some(fnv1a64(&key.to_string()))
-                        }
+                        None if !self.server_side() => Some(fnv1a64(&key.to_string())),
                         None => None,
                     }
                 }

@@ -321,12 +321,13 @@ impl PluginManager {
         // the ranges this replica holds, where the API server filters by range (KEP-5866);
         // elsewhere by the shared stream of every object, the host dividing the work.
         let mut keys = keys;
-        if let (Some((_, by)), Some(primary)) = (sharded, keys.first_mut()) {
+        if let (Some((count, by)), Some(primary)) = (sharded, keys.first_mut()) {
             let client = self.parts.informers.client();
             match crate::engine::shard_watch::served(client, primary, by).await {
                 Ok(true) => {
                     primary.shard = Some(ShardedStream {
                         by,
+                        count,
                         plugin: name.clone(),
                     })
                 }
