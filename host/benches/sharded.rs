@@ -120,8 +120,8 @@ impl Replica {
             .env("POD_NAME", name)
             // Each reconcile's start, for the rate while busy.
             .env(
-                "RUST_LOG",
-                "wasm_controller_manager=info,wasm_controller_manager::engine::controller=debug",
+                "WCM_LOG",
+                "info,wasm_controller_manager::engine::controller=debug",
             )
             .arg("run")
             .arg("--kubeconfig")

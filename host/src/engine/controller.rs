@@ -756,28 +756,6 @@ impl Worker {
             // (the range's Lease is not given up while one runs), then taken only if the range is
             // still held; its writes go under the range's tenure (else the plugin's).
             let object = self.store.get(&key);
-            // Server-side by UID, a primary this replica saw deleted may have been made again
-            // under its name, in another replica's range: that replica reconciles it, and this
-            // one does not reconcile it as deleted meanwhile.
-            if object.is_none()
-                && let Some(s) = &self.shards
-                && let Some(dead) = s.deleted_uid(&key)
-            {
-                match s.live_uid(&key).await {
-                    Ok(Some(uid)) if uid != dead => {
-                        self.queue.forget(&key);
-                        self.queue.done(&key);
-                        continue;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(plugin = %self.name, %key, "could not read whether a deleted primary was made again (retrying): {e}");
-                        self.queue.add_rate_limited(key.clone());
-                        self.queue.done(&key);
-                        continue;
-                    }
-                }
-            }
             let (range_in_flight, tenure) = match &self.shards {
                 Some(s) => {
                     let unit = s.unit_with(&key, object.as_deref());
@@ -799,6 +777,37 @@ impl Worker {
                 }
                 None => (None, self.gate.tenure.clone()),
             };
+            // Server-side by UID, a primary this replica saw deleted may have been made again
+            // under its name, in another replica's range: that replica reconciles it, and this
+            // one does not reconcile it as deleted meanwhile.
+            if object.is_none()
+                && let Some(s) = &self.shards
+                && let Some(dead) = s.deleted_uid(&key)
+            {
+                let skip = match s.live_uid(&key).await {
+                    // Made again: the key follows the new object's range from now on.
+                    Ok(Some(uid)) if uid != dead => {
+                        s.made_again(&key, &uid);
+                        true
+                    }
+                    // Still there, not yet in this replica's cache (a moment behind): later.
+                    Ok(Some(_)) => {
+                        self.queue.add_rate_limited(key.clone());
+                        true
+                    }
+                    Ok(None) => false,
+                    Err(e) => {
+                        tracing::warn!(plugin = %self.name, %key, "could not read whether a deleted primary was made again (retrying): {e}");
+                        self.queue.add_rate_limited(key.clone());
+                        true
+                    }
+                };
+                if skip {
+                    drop(range_in_flight);
+                    self.queue.done(&key);
+                    continue;
+                }
+            }
             self.metrics.active_workers(&self.name, 1);
             // Counted out on drop: also when the task is aborted mid-call at a stop.
             let in_flight = InFlight::enter(&self.gate.in_flight);

@@ -355,23 +355,37 @@ struct Stream {
 }
 
 /// How long a sharded stream waits after its ranges change for more changes before it starts
-/// again (a replica joining takes or gives up several ranges within moments).
-const RANGES_SETTLE: Duration = Duration::from_millis(250);
+/// again (a replica joining or leaving moves several ranges, one Lease retry period apart), and
+/// the most it waits while they keep changing.
+const RANGES_SETTLE: Duration = Duration::from_millis(500);
+const RANGES_SETTLE_MAX: Duration = Duration::from_secs(3);
 
-/// The next change of a sharded stream's ranges, once they have settled; never for a stream of
-/// every object, nor once the ranges' sender is gone (the plugin stopping: the stream keeps
-/// what it follows until it is dropped).
-async fn ranges_changed(ranges: &mut Option<watch::Receiver<Vec<Range>>>) {
+/// The next change of a sharded stream's ranges away from `following`, once they have settled;
+/// never for a stream of every object, nor once the ranges' sender is gone (the plugin stopping:
+/// the stream keeps what it follows until it is dropped). A range given up and taken again
+/// within the settling time leaves the stream as it is.
+async fn ranges_changed(
+    ranges: &mut Option<watch::Receiver<Vec<Range>>>,
+    following: Option<&Vec<Range>>,
+) {
     let Some(r) = ranges.as_mut() else {
         return std::future::pending().await;
     };
-    if r.changed().await.is_err() {
-        return std::future::pending().await;
-    }
     loop {
-        match tokio::time::timeout(RANGES_SETTLE, r.changed()).await {
-            Ok(Ok(())) => continue,
-            Ok(Err(_)) | Err(_) => return,
+        if r.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let until = tokio::time::Instant::now() + RANGES_SETTLE_MAX;
+        loop {
+            let wait =
+                RANGES_SETTLE.min(until.saturating_duration_since(tokio::time::Instant::now()));
+            match tokio::time::timeout(wait, r.changed()).await {
+                Ok(Ok(())) if tokio::time::Instant::now() < until => continue,
+                _ => break,
+            }
+        }
+        if following != Some(&*r.borrow()) {
+            return;
         }
     }
 }
@@ -417,7 +431,7 @@ impl Stream {
             };
             tokio::select! {
                 () = follow => return,
-                () = ranges_changed(&mut ranges) => {
+                () = ranges_changed(&mut ranges, held.as_ref()) => {
                     tracing::info!(informer = %self.key, "the ranges held changed: listing and watching them");
                 }
             }

@@ -28,6 +28,8 @@ use crate::engine::shard::{Range, ShardBy, fnv1a64, hash_of};
 
 /// How long a deleted object's key keeps its UID's range.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
+/// How long a worker waits for the API server to say whether a deleted primary was made again.
+const LIVE_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most deletions remembered per plugin (the oldest go first).
 pub const MAX_TOMBSTONES: usize = 65_536;
 
@@ -118,6 +120,11 @@ impl KeyShards {
         t.by_key.get(key).cloned()
     }
 
+    /// `key`'s primary was made again with UID `uid`: the key is placed by it from now on.
+    pub fn made_again(&self, key: &Key, uid: &str) {
+        self.lock().record(key, uid);
+    }
+
     /// The UID of `key`'s primary as the API server has it now (None: there is none), listed by
     /// name as the host. A primary made again under the name of one this replica saw deleted is not
     /// reconciled here as deleted: it is in its new UID's range, whose holder reconciles it.
@@ -135,12 +142,27 @@ impl KeyShards {
         if wcm_validate::name(&key.name).is_err() {
             return Ok(None);
         }
-        // A list by name: the host lists and watches the kind, and may not be granted `get`.
-        let by_name =
+        // Outside the stream's namespace no primary of the plugin's is listed.
+        if informer
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| key.namespace.as_ref() != Some(ns))
+        {
+            return Ok(None);
+        }
+        // A list by name, with the stream's label selector (an object outside it is none of the
+        // plugin's primaries): the host lists and watches the kind, and may not be granted `get`.
+        let mut by_name =
             kube::api::ListParams::default().fields(&format!("metadata.name={}", key.name));
-        Ok(api
-            .list_metadata(&by_name)
-            .await?
+        if let Some(sel) = &informer.label_selector {
+            by_name = by_name.labels(sel);
+        }
+        let listed = tokio::time::timeout(LIVE_READ_TIMEOUT, api.list_metadata(&by_name))
+            .await
+            .map_err(|_| {
+                kube::Error::Service(format!("no answer within {LIVE_READ_TIMEOUT:?}").into())
+            })??;
+        Ok(listed
             .items
             .into_iter()
             .find(|o| o.metadata.name.as_deref() == Some(key.name.as_str()))
@@ -168,19 +190,10 @@ impl KeyShards {
     /// the primary is not cached (the garbage collector deleting the children of a deleted
     /// primary, say): the key is placed by that UID, unless a deletion placed it already. Every
     /// replica sees the same change, a replica started after the primary's deletion included.
-    /// Where the API server filters, only a UID of a range this replica holds is recorded: the
-    /// others' primaries are live on their holders (recording them would push real deletions out
-    /// of the bounded record), and a key of a range not held is not this replica's anyway.
+    /// Where the API server filters, the UIDs of other replicas' (live) primaries are recorded
+    /// too: a replica that takes their range later has the record of a deletion it did not see.
     pub fn owned_by(&self, key: &Key, uid: &str) {
         if self.sharding.by != ShardBy::Uid || self.store.get(key).is_some() {
-            return;
-        }
-        if self.server_side()
-            && !self
-                .sharding
-                .unit(hash_of(ShardBy::Uid, uid, None))
-                .is_some_and(Unit::is_taking)
-        {
             return;
         }
         let mut t = self.lock();

@@ -321,7 +321,17 @@ impl PluginManager {
         // the ranges this replica holds, where the API server filters by range (KEP-5866);
         // elsewhere by the shared stream of every object, the host dividing the work.
         let mut keys = keys;
-        if let (Some((count, by)), Some(primary)) = (sharded, keys.first_mut()) {
+        // By UID, a fixed key of a mapping is placed by its text, and the replica that holds it
+        // would not cache its object: such a plugin caches every primary on every replica.
+        let fixed_keys = description
+            .secondaries
+            .iter()
+            .any(|s| matches!(s.mapping, crate::contract::Mapping::FixedKey(_)));
+        if let Some((_, crate::engine::shard::ShardBy::Uid)) = sharded
+            && fixed_keys
+        {
+            tracing::info!(plugin = %name, "a fixed-key mapping with shard_by = \"uid\": each replica caches every primary of the plugin, and the host divides the work (shard_by = \"namespace\" caches only the replica's share)");
+        } else if let (Some((count, by)), Some(primary)) = (sharded, keys.first_mut()) {
             let client = self.parts.informers.client();
             match crate::engine::shard_watch::served(client, primary, by).await {
                 Ok(true) => {
