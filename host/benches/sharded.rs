@@ -18,10 +18,11 @@
 //! its log), so a replica that noticed the change later does not count against the others; the
 //! rate by the wall clock (every reconcile over the first start to the last, on any replica) is
 //! shown beside it; the median of 3 rounds. **RSS** is each replica's resident memory after the
-//! rounds, each replica having been started again once into the split (the first replica up takes
-//! every range until the others join, and would keep that list's high-water mark); its **cache
-//! memory** is that less the RSS of one replica with the plugin running before the objects were
-//! made.
+//! rounds, each replica having been killed and started again once into the split (the first
+//! replica up takes every range until the others join, and would keep that list's high-water
+//! mark; killed, its Leases are not given back, so no other replica holds more than its share
+//! meanwhile); its **cache memory** is that less the RSS of one replica with the plugin running
+//! before the objects were made.
 //!
 //! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench sharded`, as
 //! root (cgroups), with `WCM_TESTENV_BIN` set (about 12 minutes; prints a report;
@@ -462,10 +463,15 @@ async fn run() {
             settle(&replicas, &every, gate).await;
             // The first replica up takes every range until the others join, and keeps the
             // high-water mark of that list: each is started again once into the split, and takes
-            // only its share.
+            // only its share. Killed (SIGKILL), not stopped: its Leases are not given back, so
+            // the others never hold more than their share meanwhile; the new one takes the
+            // ranges once they expire.
             for i in 0..k {
                 if k > 1 {
-                    drop(replicas.remove(i));
+                    let mut old = replicas.remove(i);
+                    let _ = old.child.kill();
+                    let _ = old.child.wait();
+                    drop(old);
                     replicas.insert(i, start(i));
                     settle(&replicas, &every, gate).await;
                 }
