@@ -335,8 +335,8 @@ async fn caches_hold_their_share(
 /// With the gate: each live replica's latest watch of ConfigMaps (its audit event) asks for
 /// exactly the ranges its Leases hold. Without: each replica watches every object (no
 /// `shardSelector`), and the API server has no sharded watch at all.
-/// (The API server's `apiserver_watch_shards_total` gauge is not used: in 1.36.2 it drops by
-/// two when a sharded watch is stopped, so it undercounts once a replica's ranges have moved.)
+/// (The API server's `apiserver_watch_shards_total` gauge is not used: in 1.36.2 it undercounts
+/// once a sharded watch has stopped, and read 0 here with three replicas watching.)
 async fn watches_follow_the_leases(
     env: &testenv::TestEnv,
     since: testenv::AuditMark,
