@@ -65,15 +65,7 @@ fn start(
 /// How many range Leases each replica holds (by the `replica` prefix of the holder identity).
 async fn range_holders(leases: &Api<Lease>) -> Result<BTreeMap<String, usize>> {
     let mut out = BTreeMap::new();
-    for k in 0..SHARDS {
-        let name = format!("wasm-controller-manager-plugin-{PLUGIN}-shard-uid-{k}-of-{SHARDS}");
-        let holder = leases
-            .get_opt(&name)
-            .await?
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity)
-            .unwrap_or_default();
-        let replica = holder.split('_').next().unwrap_or_default().to_string();
+    for replica in range_owners(leases).await? {
         *out.entry(replica).or_default() += 1;
     }
     Ok(out)
