@@ -293,13 +293,11 @@ impl Controller {
             .unwrap_or_default();
         // A sharded plugin: only the keys of the ranges this replica holds are queued and taken.
         // Where the API server filters by range, the primary stream says which ranges it has.
-        let covered = informers
-            .first()
-            .filter(|i| i.key.shard.is_some())
-            .map(|i| i.covered());
+        let sharded_primary = informers.first().filter(|i| i.key.shard.is_some());
         let shards = gate.sharding.clone().map(|sharding| {
+            let covered = sharded_primary.map(|i| i.covered());
             let s = KeyShards::new(sharding, primary_store.clone(), covered, &fixed_keys);
-            match informers.first().filter(|i| i.key.shard.is_some()) {
+            match sharded_primary {
                 Some(i) => s.with_live_reads(parts.informers.client().clone(), i.key.clone()),
                 None => s,
             }
