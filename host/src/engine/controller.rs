@@ -175,6 +175,10 @@ pub struct ShardsDebug {
     pub filter: &'static str,
     /// The primaries cached on this replica.
     pub cached: usize,
+    /// Held ranges whose primaries are not listed yet (the API server filtering): their keys
+    /// wait until the list is in. A range that stays here names a stream whose list keeps
+    /// failing (its warning is in the log).
+    pub listing: Vec<usize>,
 }
 
 /// The informers a description needs, in order: primary first. Two watches may need the same
@@ -579,6 +583,17 @@ impl Controller {
                     _ => "host",
                 },
                 cached: self.informers.first().map_or(0, |i| i.store().len()),
+                listing: match self.informers.first() {
+                    Some(i) if i.key.shard.is_some() => {
+                        let covered = i.covered().borrow().clone();
+                        s.units
+                            .iter()
+                            .filter(|u| u.is_taking() && !covered.contains(&u.range))
+                            .map(|u| u.index)
+                            .collect()
+                    }
+                    _ => Vec::new(),
+                },
             }),
         }
     }
@@ -710,6 +725,13 @@ struct Worker {
     shards: Option<KeyShards>,
 }
 
+/// The longest a worker waits for a token of its plugin's API budget before it reads whether a
+/// deleted primary was made again; past it the key is tried again after that long.
+const LIVE_READ_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// When a key whose read of whether its deleted primary was made again failed is tried again.
+const LIVE_READ_RETRY: Duration = Duration::from_secs(5);
+
 /// How long an idle worker keeps a warm instance that holds a shared slot of the instance pool.
 const IDLE_WARM_ON_SHARED_SLOT: Duration = Duration::from_secs(5);
 
@@ -782,21 +804,48 @@ impl Worker {
                 && let Some(s) = &self.shards
                 && let Some(dead) = s.deleted_uid(&key)
             {
-                let skip = match s.live_uid(&key).await {
+                // The read is the host's, made for the plugin's key: it takes a token of the
+                // plugin's API budget, so no object can drive the host's reads past what the
+                // plugin may make itself. A key refused a token, or whose read failed, is tried
+                // again after a fixed delay, not counted as a failure: its backoff must not
+                // outlast the deletion record that places it.
+                let v = self.version.read().await.clone();
+                let read = if !s.reads_live(&key) {
+                    Some(Ok(None))
+                } else if let Some(wait) =
+                    v.services.budgets().api.reserve_within(LIVE_READ_MAX_WAIT)
+                {
+                    tokio::time::sleep(wait).await;
+                    Some(s.live_uid(&key).await)
+                } else {
+                    None
+                };
+                let skip = match read {
                     // Made again: the key follows the new object's range from now on.
-                    Ok(Some(uid)) if uid != dead => {
+                    Some(Ok(Some(uid))) if uid != dead => {
                         s.made_again(&key, &uid);
                         true
                     }
                     // Still there, not yet in this replica's cache (a moment behind): later.
-                    Ok(Some(_)) => {
+                    Some(Ok(Some(_))) => {
                         self.queue.add_rate_limited(key.clone());
                         true
                     }
-                    Ok(None) => false,
-                    Err(e) => {
-                        tracing::warn!(plugin = %self.name, %key, "could not read whether a deleted primary was made again (retrying): {e}");
-                        self.queue.add_rate_limited(key.clone());
+                    Some(Ok(None)) => false,
+                    Some(Err(e)) => {
+                        if v.services.budgets.log_line() {
+                            tracing::warn!(
+                                plugin = %self.name,
+                                key = %wcm_validate::shown(&key.to_string()),
+                                "could not read whether a deleted primary was made again (retrying in {LIVE_READ_RETRY:?}): {e}"
+                            );
+                        }
+                        self.queue.add_after(key.clone(), LIVE_READ_RETRY);
+                        true
+                    }
+                    // The plugin's API budget is spent for now.
+                    None => {
+                        self.queue.add_after(key.clone(), LIVE_READ_MAX_WAIT);
                         true
                     }
                 };

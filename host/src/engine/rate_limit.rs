@@ -32,6 +32,12 @@ impl Default for RateLimits {
     }
 }
 
+/// How long `tokens` take to come at `qps` (> 0); a rate so small that the wait cannot be told
+/// is as good as never.
+fn wait_for(tokens: f64, qps: f64) -> Duration {
+    Duration::try_from_secs_f64(tokens / qps).unwrap_or(Duration::MAX)
+}
+
 /// A token bucket that reserves: each call takes a token and returns how long to wait until that
 /// token exists (golang.org/x/time/rate's `Reserve`). `qps <= 0` means no limit.
 pub struct TokenBucket {
@@ -63,7 +69,7 @@ impl TokenBucket {
         if s.0 >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-s.0 / self.qps)
+            wait_for(-s.0, self.qps)
         }
     }
 
@@ -82,7 +88,7 @@ impl TokenBucket {
         let wait = if after >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-after / self.qps)
+            wait_for(-after, self.qps)
         };
         if wait > max_wait {
             return None;
@@ -179,5 +185,28 @@ pub fn backoff(base: Duration, max: Duration, exp: u32) -> Duration {
         max
     } else {
         Duration::from_nanos(nanos as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_too_small_to_wait_for_refuses_and_never_panics() {
+        // A plugin's settings may ask for any positive rate: 1e-300 tokens a second.
+        let b = TokenBucket::new(1e-300, 1);
+        assert_eq!(
+            b.reserve_within(Duration::from_secs(1)),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(b.reserve_within(Duration::from_secs(1)), None);
+        assert_eq!(b.reserve(), Duration::MAX);
+        let b = TokenBucket::new(2.0, 1);
+        assert_eq!(b.reserve(), Duration::ZERO);
+        let wait = b
+            .reserve_within(Duration::from_secs(1))
+            .expect("within a second");
+        assert!(wait > Duration::from_millis(400) && wait <= Duration::from_millis(500));
     }
 }

@@ -125,6 +125,23 @@ impl KeyShards {
         self.lock().record(key, uid);
     }
 
+    /// Whether [`KeyShards::live_uid`] would ask the API server about `key`: the API server
+    /// filters, and the key can name one of the stream's primaries (an object name, in the
+    /// stream's namespace). Checked before the read takes a token of the plugin's budget.
+    pub fn reads_live(&self, key: &Key) -> bool {
+        let Some((_, informer)) = &self.live else {
+            return false;
+        };
+        // A name from an owner reference is anyone's text: only an object name (letters, digits,
+        // `-._:`) may name an object, and stand in a field selector.
+        wcm_validate::name(&key.name).is_ok()
+            // Outside the stream's namespace no primary of the plugin's is listed.
+            && informer
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| key.namespace.as_ref() == Some(ns))
+    }
+
     /// The UID of `key`'s primary as the API server has it now (None: there is none), listed by
     /// name as the host. A primary made again under the name of one this replica saw deleted is not
     /// reconciled here as deleted: it is in its new UID's range, whose holder reconciles it.
@@ -137,17 +154,7 @@ impl KeyShards {
             Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &ar),
             None => kube::Api::all_with(client.clone(), &ar),
         };
-        // A name from an owner reference is anyone's text: only an object name (letters, digits,
-        // `-._:`) may name an object, and stand in a field selector.
-        if wcm_validate::name(&key.name).is_err() {
-            return Ok(None);
-        }
-        // Outside the stream's namespace no primary of the plugin's is listed.
-        if informer
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| key.namespace.as_ref() != Some(ns))
-        {
+        if !self.reads_live(key) {
             return Ok(None);
         }
         // A list by name, with the stream's label selector (an object outside it is none of the
