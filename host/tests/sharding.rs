@@ -2,7 +2,9 @@
 //! `ShardedListAndWatch` gate on (testenv turns it on): for a split of the hash space into three,
 //! the API server's answer to each range's `shardSelector` is exactly the objects the host's own
 //! test (`shard::holds`) puts there, by UID and by namespace; the three answers are disjoint and
-//! together are every object. So the server-side mode and the host-side fallback agree.
+//! together are every object. So the server-side mode and the host-side fallback agree. A sharded
+//! stream caches only its ranges and follows their changes; the gate is told on from off; the
+//! host's read before a deletion reconcile finds a primary made again under a new UID.
 
 use std::collections::BTreeSet;
 
@@ -64,6 +66,27 @@ async fn each_range_of_a_split_is_served_exactly_as_the_host_computes_it() -> Re
 }
 
 /// The names of the ConfigMaps an informer's cache holds now.
+/// A sharded plugin's stream of the ConfigMaps of `ns` (by UID, four ranges).
+fn sharded_configmaps(
+    ns: &str,
+    label_selector: Option<&str>,
+) -> wasm_controller_manager::engine::informer::InformerKey {
+    wasm_controller_manager::engine::informer::InformerKey {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+        namespace: Some(ns.to_string()),
+        label_selector: label_selector.map(str::to_string),
+        metadata_only: false,
+        shard: Some(wasm_controller_manager::engine::informer::ShardedStream {
+            by: ShardBy::Uid,
+            count: 4,
+            plugin: "p".into(),
+        }),
+    }
+}
+
 fn cached(informer: &wasm_controller_manager::engine::informer::Informer) -> BTreeSet<String> {
     informer
         .store()
@@ -103,9 +126,7 @@ async fn cache_becomes(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sharded_stream_caches_only_its_ranges_follows_their_changes_and_the_gate_is_detected()
 -> Result<()> {
-    use wasm_controller_manager::engine::informer::{
-        Change, InformerKey, InformerObserver, Informers, ShardedStream,
-    };
+    use wasm_controller_manager::engine::informer::{Change, InformerObserver, Informers};
     struct Quiet;
     impl InformerObserver for Quiet {}
     let shared = testenv::TestEnv::shared().await?;
@@ -114,20 +135,7 @@ async fn a_sharded_stream_caches_only_its_ranges_follows_their_changes_and_the_g
         let client = env.client().await?;
         let ns = env.namespace("sharded-informer").await?;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-        let key = InformerKey {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespace: Some(ns.name.clone()),
-            label_selector: None,
-            metadata_only: false,
-            shard: Some(ShardedStream {
-                by: ShardBy::Uid,
-                count: 4,
-                plugin: "p".into(),
-            }),
-        };
+        let key = sharded_configmaps(&ns.name, None);
         // Told apart before any object exists: the answer does not depend on what is listed.
         assert_eq!(
             wasm_controller_manager::engine::shard_watch::served(&client, &key, ShardBy::Uid)
@@ -220,6 +228,70 @@ async fn a_sharded_stream_caches_only_its_ranges_follows_their_changes_and_the_g
         // No range: nothing cached.
         held.send_replace(Vec::new());
         cache_becomes(&informer, &BTreeSet::new(), "no range held").await?;
+    }
+    Ok(())
+}
+
+/// The host's read before it reconciles a deletion server-side (`shard_watch::live_uid`), against
+/// the real API server: a primary deleted and made again under its name answers with its new UID
+/// (whatever range that falls in), a deleted one with none; an object outside the stream's label
+/// selector or namespace, and a name no object can have (from an owner reference, say), are never
+/// asked about.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_read_before_a_deletion_finds_a_primary_made_again_under_a_new_uid() -> Result<()> {
+    use kube::api::DeleteParams;
+    use wasm_controller_manager::engine::cache::Key;
+    use wasm_controller_manager::engine::shard_watch::{live_uid, may_name};
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("sharded-live").await?;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let stream = sharded_configmaps(&ns.name, Some("wcm.test/primary=yes"));
+    let make = |name: &str, primary: bool| -> Result<ConfigMap> {
+        let labels = if primary {
+            serde_json::json!({"wcm.test/primary": "yes"})
+        } else {
+            serde_json::json!({})
+        };
+        Ok(serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name, "labels": labels}}),
+        )?)
+    };
+    let key = Key::new(Some(&ns.name), "again");
+    let first = api
+        .create(&PostParams::default(), &make("again", true)?)
+        .await?;
+    let first_uid = first.metadata.uid.context("uid")?;
+    assert_eq!(
+        live_uid(&client, &stream, &key).await?,
+        Some(first_uid.clone())
+    );
+    api.delete("again", &DeleteParams::default()).await?;
+    assert_eq!(live_uid(&client, &stream, &key).await?, None, "deleted");
+    let second = api
+        .create(&PostParams::default(), &make("again", true)?)
+        .await?;
+    let second_uid = second.metadata.uid.context("uid")?;
+    assert_ne!(first_uid, second_uid);
+    assert_eq!(
+        live_uid(&client, &stream, &key).await?,
+        Some(second_uid),
+        "made again: the new UID"
+    );
+    // Outside the stream's label selector: none of its primaries.
+    api.create(&PostParams::default(), &make("other", false)?)
+        .await?;
+    let other = Key::new(Some(&ns.name), "other");
+    assert!(may_name(&stream, &other));
+    assert_eq!(live_uid(&client, &stream, &other).await?, None);
+    // Another namespace than the stream's, and names no object can have: never asked about.
+    let elsewhere = Key::new(Some("default"), "again");
+    assert!(!may_name(&stream, &elsewhere));
+    assert_eq!(live_uid(&client, &stream, &elsewhere).await?, None);
+    for bad in ["a,metadata.name!=x", "a b", "x\nwarn", ""] {
+        let k = Key::new(Some(&ns.name), bad);
+        assert!(!may_name(&stream, &k), "{bad:?}");
+        assert_eq!(live_uid(&client, &stream, &k).await?, None, "{bad:?}");
     }
     Ok(())
 }

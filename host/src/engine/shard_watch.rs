@@ -11,6 +11,7 @@
 use http::{Method, Request, Uri};
 use kube::client::Body;
 
+use crate::engine::cache::Key;
 use crate::engine::informer::InformerKey;
 use crate::engine::shard::{ShardBy, selector, split};
 
@@ -57,6 +58,55 @@ pub async fn served(client: &kube::Client, key: &InformerKey, by: ShardBy) -> an
     let text = client.request_text(req).await?;
     let list: serde_json::Value = serde_json::from_str(&text)?;
     Ok(list.pointer("/metadata/shardInfo/selector").is_some())
+}
+
+/// How long the host waits for the API server to say whether a deleted primary was made again.
+const LIVE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether `key` can name one of `stream`'s objects: an object name (a name from an owner
+/// reference is anyone's text; only letters, digits and `-._:` may name an object and stand in a
+/// field selector), in the stream's namespace when it has one.
+pub fn may_name(stream: &InformerKey, key: &Key) -> bool {
+    wcm_validate::name(&key.name).is_ok()
+        && stream
+            .namespace
+            .as_ref()
+            .is_none_or(|ns| key.namespace.as_ref() == Some(ns))
+}
+
+/// The UID of the object of `stream` named by `key` as the API server has it now (None: there is
+/// none, or `key` cannot name one: [`may_name`]). Listed by name with the stream's label selector
+/// (an object outside it is none of the stream's), every range at once, as `client` (the host,
+/// which lists and watches the kind and may not be granted `get`); at most
+/// [`LIVE_READ_TIMEOUT`].
+pub async fn live_uid(
+    client: &kube::Client,
+    stream: &InformerKey,
+    key: &Key,
+) -> Result<Option<String>, kube::Error> {
+    if !may_name(stream, key) {
+        return Ok(None);
+    }
+    let ar = stream.api_resource();
+    let api: kube::Api<kube::api::DynamicObject> = match &key.namespace {
+        Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &ar),
+        None => kube::Api::all_with(client.clone(), &ar),
+    };
+    let mut by_name =
+        kube::api::ListParams::default().fields(&format!("metadata.name={}", key.name));
+    if let Some(sel) = &stream.label_selector {
+        by_name = by_name.labels(sel);
+    }
+    let listed = tokio::time::timeout(LIVE_READ_TIMEOUT, api.list_metadata(&by_name))
+        .await
+        .map_err(|_| {
+            kube::Error::Service(format!("no answer within {LIVE_READ_TIMEOUT:?}").into())
+        })??;
+    Ok(listed
+        .items
+        .into_iter()
+        .find(|o| o.metadata.name.as_deref() == Some(key.name.as_str()))
+        .and_then(|o| o.metadata.uid))
 }
 
 #[cfg(test)]

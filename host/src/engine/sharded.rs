@@ -28,8 +28,6 @@ use crate::engine::shard::{Range, ShardBy, fnv1a64, hash_of};
 
 /// How long a deleted object's key keeps its UID's range.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
-/// How long a worker waits for the API server to say whether a deleted primary was made again.
-const LIVE_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most deletions remembered per plugin (the oldest go first).
 pub const MAX_TOMBSTONES: usize = 65_536;
 
@@ -125,55 +123,26 @@ impl KeyShards {
         self.lock().record(key, uid);
     }
 
-    /// Whether [`KeyShards::live_uid`] would ask the API server about `key`: the API server
-    /// filters, and the key can name one of the stream's primaries (an object name, in the
-    /// stream's namespace). Checked before the read takes a token of the plugin's budget.
+    /// Whether [`KeyShards::live_uid`] would ask the API server about `key`
+    /// ([`crate::engine::shard_watch::may_name`]). Checked before the read takes a token of the
+    /// plugin's budget.
     pub fn reads_live(&self, key: &Key) -> bool {
-        let Some((_, informer)) = &self.live else {
-            return false;
-        };
-        // A name from an owner reference is anyone's text: only an object name (letters, digits,
-        // `-._:`) may name an object, and stand in a field selector.
-        wcm_validate::name(&key.name).is_ok()
-            // Outside the stream's namespace no primary of the plugin's is listed.
-            && informer
-                .namespace
-                .as_ref()
-                .is_none_or(|ns| key.namespace.as_ref() == Some(ns))
+        self.live
+            .as_ref()
+            .is_some_and(|(_, stream)| crate::engine::shard_watch::may_name(stream, key))
     }
 
-    /// The UID of `key`'s primary as the API server has it now (None: there is none), listed by
-    /// name as the host. A primary made again under the name of one this replica saw deleted is not
-    /// reconciled here as deleted: it is in its new UID's range, whose holder reconciles it.
+    /// The UID of `key`'s primary as the API server has it now (None: there is none): see
+    /// [`crate::engine::shard_watch::live_uid`]. A primary made again under the name of one this
+    /// replica saw deleted is not reconciled here as deleted: it is in its new UID's range, whose
+    /// holder reconciles it.
     pub async fn live_uid(&self, key: &Key) -> Result<Option<String>, kube::Error> {
-        let Some((client, informer)) = &self.live else {
-            return Ok(None);
-        };
-        let ar = informer.api_resource();
-        let api: kube::Api<kube::api::DynamicObject> = match &key.namespace {
-            Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &ar),
-            None => kube::Api::all_with(client.clone(), &ar),
-        };
-        if !self.reads_live(key) {
-            return Ok(None);
+        match &self.live {
+            Some((client, stream)) => {
+                crate::engine::shard_watch::live_uid(client, stream, key).await
+            }
+            None => Ok(None),
         }
-        // A list by name, with the stream's label selector (an object outside it is none of the
-        // plugin's primaries): the host lists and watches the kind, and may not be granted `get`.
-        let mut by_name =
-            kube::api::ListParams::default().fields(&format!("metadata.name={}", key.name));
-        if let Some(sel) = &informer.label_selector {
-            by_name = by_name.labels(sel);
-        }
-        let listed = tokio::time::timeout(LIVE_READ_TIMEOUT, api.list_metadata(&by_name))
-            .await
-            .map_err(|_| {
-                kube::Error::Service(format!("no answer within {LIVE_READ_TIMEOUT:?}").into())
-            })??;
-        Ok(listed
-            .items
-            .into_iter()
-            .find(|o| o.metadata.name.as_deref() == Some(key.name.as_str()))
-            .and_then(|o| o.metadata.uid))
     }
 
     /// Whether the API server filters the primaries by range (each replica caches its own).
