@@ -467,8 +467,19 @@ impl Stream {
                 Ok(Event::InitApply(o)) => {
                     let obj: Option<Arc<CachedObject>> = o.into();
                     if let (Some(buf), Some(obj)) = (relist.as_mut(), obj) {
-                        // A List's items come without apiVersion and kind.
-                        let obj = obj.with_type(&ar.api_version, &ar.kind);
+                        // An object unchanged since it was cached keeps its cached copy, and the
+                        // listed one goes at once: a relist (a range taken, a watch expired)
+                        // holds one page of new copies at a time, never a second cache.
+                        let obj = match store.get(&obj.key) {
+                            Some(cached)
+                                if cached.resource_version == obj.resource_version
+                                    && cached.uid == obj.uid =>
+                            {
+                                cached
+                            }
+                            // A List's items come without apiVersion and kind.
+                            _ => obj.with_type(&ar.api_version, &ar.kind),
+                        };
                         buf.insert(obj.key.clone(), obj);
                     }
                 }
