@@ -467,12 +467,15 @@ impl Stream {
                 Ok(Event::InitApply(o)) => {
                     let obj: Option<Arc<CachedObject>> = o.into();
                     if let (Some(buf), Some(obj)) = (relist.as_mut(), obj) {
-                        // An object unchanged since it was cached keeps its cached copy, and the
-                        // listed one goes at once: a relist (a range taken, a watch expired)
-                        // holds one page of new copies at a time, never a second cache.
+                        // An object unchanged since it was cached (the same UID and
+                        // resourceVersion, both given) keeps its cached copy, and the listed one
+                        // goes at once: a relist (a range taken, a watch expired) copies only
+                        // what changed, not the whole cache again.
                         let obj = match store.get(&obj.key) {
                             Some(cached)
-                                if cached.resource_version == obj.resource_version
+                                if !obj.resource_version.is_empty()
+                                    && !obj.uid.is_empty()
+                                    && cached.resource_version == obj.resource_version
                                     && cached.uid == obj.uid =>
                             {
                                 cached

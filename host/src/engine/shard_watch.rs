@@ -63,11 +63,17 @@ pub async fn served(client: &kube::Client, key: &InformerKey, by: ShardBy) -> an
 /// How long the host waits for the API server to say whether a deleted primary was made again.
 const LIVE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Whether `key` can name one of `stream`'s objects: an object name (a name from an owner
-/// reference is anyone's text; only letters, digits and `-._:` may name an object and stand in a
-/// field selector), in the stream's namespace when it has one.
+/// Whether the host asks about `key` for `stream`: a name from an owner reference is anyone's
+/// text, so only a name of letters, digits and `-._:` (the rule of most kinds' names; it cannot
+/// alter a field selector) in a valid namespace, the stream's when it has one. A key refused here
+/// is reconciled as deleted without the read, as before the read existed (a kind whose names may
+/// hold other characters, such as RBAC's, keeps that limit).
 pub fn may_name(stream: &InformerKey, key: &Key) -> bool {
     wcm_validate::name(&key.name).is_ok()
+        && key
+            .namespace
+            .as_deref()
+            .is_none_or(|n| wcm_validate::namespace(n).is_ok())
         && stream
             .namespace
             .as_ref()
@@ -105,7 +111,10 @@ pub async fn live_uid(
     Ok(listed
         .items
         .into_iter()
-        .find(|o| o.metadata.name.as_deref() == Some(key.name.as_str()))
+        .find(|o| {
+            o.metadata.name.as_deref() == Some(key.name.as_str())
+                && o.metadata.namespace == key.namespace
+        })
         .and_then(|o| o.metadata.uid))
 }
 
