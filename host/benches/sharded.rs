@@ -26,7 +26,7 @@
 //! the plugin running before the objects were made.
 //!
 //! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench sharded`, as
-//! root (cgroups), with `WCM_TESTENV_BIN` set (about 12 minutes; prints a report;
+//! root (cgroups), with `WCM_TESTENV_BIN` set (about 20 minutes; prints a report;
 //! docs/benchmarks.md keeps the numbers).
 
 mod common;
