@@ -544,6 +544,7 @@ async fn run() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut one: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
     let join = |v: &[String]| v.join(" / ");
+    let mib = |v: &[f64]| join(&v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>());
     for r in &rows {
         let cache = r.cache.iter().cloned().fold(0.0, f64::max);
         let (t1, c1) = *one.entry(r.mode).or_insert((r.throughput, cache));
@@ -561,21 +562,11 @@ async fn run() {
                     .collect::<Vec<_>>()
             ),
             r.cpu_ms,
-            join(&r.rss.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>()),
-            join(
-                &r.cache
-                    .iter()
-                    .map(|x| format!("{x:.1}"))
-                    .collect::<Vec<_>>()
-            ),
+            mib(&r.rss),
+            mib(&r.cache),
             cache / c1,
             join(&r.cached.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
-            join(
-                &r.before_roll
-                    .iter()
-                    .map(|x| format!("{x:.1}"))
-                    .collect::<Vec<_>>()
-            ),
+            mib(&r.before_roll),
         );
     }
 }

@@ -212,12 +212,11 @@ async fn networks_follow_their_spec_in_neutron(os: &OpenStack) -> Result<()> {
     let client = env.client().await?;
     let ns = env.namespace("net").await?;
     let dir = temp_dir("network")?;
-    install_network(&dir, os, &ns.name, &client).await?;
     // One worker: its instance (in the plugin's own slot of the pool) serves every reconcile, so
     // the tokens can be told from one per reconcile.
-    let toml = dir.join("network.toml");
-    let settings = std::fs::read_to_string(&toml)?;
-    std::fs::write(&toml, format!("workers = 1\n{settings}"))?;
+    os.configure_network_plugin(&client, &ns.name, &dir, "workers = 1\n")
+        .await?;
+    install(&dir, "network", "network.wasm")?;
     let tokens_before = token_requests(os)?;
     let manager = start_manager(network_config(&dir)).await?;
     let token = os.user_token()?;

@@ -573,27 +573,29 @@ impl Controller {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            shards: self.gate.sharding.as_ref().map(|s| ShardsDebug {
-                by: s.by,
-                count: s.units.len(),
-                held: s.held(),
-                holders: s.units.iter().map(|u| u.leader()).collect(),
-                filter: match self.informers.first() {
-                    Some(i) if i.key.shard.is_some() => "api-server",
-                    _ => "host",
-                },
-                cached: self.informers.first().map_or(0, |i| i.store().len()),
-                listing: match self.informers.first() {
-                    Some(i) if i.key.shard.is_some() => {
-                        let covered = i.covered().borrow().clone();
+            shards: self.gate.sharding.as_ref().map(|s| {
+                // Where the API server filters by range, the primary stream is the plugin's own.
+                let sharded_primary = self.informers.first().filter(|i| i.key.shard.is_some());
+                let covered = sharded_primary.map(|i| i.covered().borrow().clone());
+                ShardsDebug {
+                    by: s.by,
+                    count: s.units.len(),
+                    held: s.held(),
+                    holders: s.units.iter().map(|u| u.leader()).collect(),
+                    filter: if sharded_primary.is_some() {
+                        "api-server"
+                    } else {
+                        "host"
+                    },
+                    cached: self.informers.first().map_or(0, |i| i.store().len()),
+                    listing: covered.map_or_else(Vec::new, |covered| {
                         s.units
                             .iter()
                             .filter(|u| u.is_taking() && !covered.contains(&u.range))
                             .map(|u| u.index)
                             .collect()
-                    }
-                    _ => Vec::new(),
-                },
+                    }),
+                }
             }),
         }
     }
@@ -833,7 +835,7 @@ impl Worker {
                     }
                     Some(Ok(None)) => false,
                     Some(Err(e)) => {
-                        if v.services.budgets.log_line() {
+                        if v.services.budgets().log_line() {
                             tracing::warn!(
                                 plugin = %self.name,
                                 key = %wcm_validate::shown(&key.to_string()),
