@@ -9,7 +9,13 @@
 //! the gate off (a cluster of the test's own) the fallback passes the same checks, every replica
 //! caching every object.
 //!
-//! `WCM_SHARD_OBJECTS` sets how many ConfigMaps (default 900; the issue's run used 30,000).
+//! A third scenario (gate on) checks what happens beside a join or a death: a primary deleted and
+//! made again under its name in another replica's range is not reconciled as deleted by the
+//! replica that saw it deleted, and a change of the shards count reaching the replicas one at a
+//! time pauses the plugin until they agree, then moves it to the new layout.
+//!
+//! `WCM_SHARD_OBJECTS` sets how many ConfigMaps in the first two (default 900; the issue's run
+//! used 30,000).
 
 mod common;
 
@@ -18,30 +24,24 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use common::objects::{HostProcess, per_plugin_election};
+use common::objects::HostProcess;
+use common::stamper::{
+    self, Calls, PLUGIN, bump, plugin_calls_since, range_holders, range_owners, settings, stamped,
+    start_in,
+};
 use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use wasm_controller_manager::engine::shard;
 
 const SHARDS: usize = 12;
-const PLUGIN: &str = "stamper";
 
-/// A replica's plugins directory: the same component and settings, but its own `replica` name.
+/// A replica's plugins directory in the kill-and-join scenario: the same settings but its name.
 fn plugin_dir(replica: &str, ns: &str) -> Result<PathBuf> {
-    let dir = temp_dir(&format!("shards-{replica}"))?;
-    install(&dir, "shard-stamper", &format!("{PLUGIN}.wasm"))?;
-    std::fs::write(
-        dir.join(format!("{PLUGIN}.toml")),
-        format!(
-            "name = \"{PLUGIN}\"\nnamespaces = [\"{ns}\"]\nshards = {SHARDS}\nworkers = 4\n\
-             api_qps = 0\n[config]\nreplica = \"{replica}\"\n"
-        ),
-    )?;
-    Ok(dir)
+    stamper::plugin_dir(replica, &settings(replica, ns, SHARDS, "workers = 4", ""))
 }
 
 fn start(
@@ -51,35 +51,24 @@ fn start(
     kubeconfig: &Path,
     logs: &Path,
 ) -> Result<HostProcess> {
-    let dir = plugin_dir(replica, ns)?;
-    let args = per_plugin_election(lease_ns);
-    HostProcess::start(
-        kubeconfig,
-        &dir,
+    start_in(
+        &plugin_dir(replica, ns)?,
         replica,
-        &logs.join(format!("{replica}.log")),
-        &args,
+        lease_ns,
+        kubeconfig,
+        logs,
     )
 }
 
-/// How many range Leases each replica holds (by the `replica` prefix of the holder identity).
-async fn range_holders(leases: &Api<Lease>) -> Result<BTreeMap<String, usize>> {
-    let mut out = BTreeMap::new();
-    for replica in range_owners(leases).await? {
-        *out.entry(replica).or_default() += 1;
-    }
-    Ok(out)
-}
-
-/// Waits until exactly `replicas` each hold their fair share of the ranges.
-async fn balanced(leases: &Api<Lease>, replicas: &[&str]) -> Result<Duration> {
+/// Waits until exactly `replicas` each hold their fair share of the `shards` ranges.
+async fn balanced(leases: &Api<Lease>, shards: usize, replicas: &[&str]) -> Result<Duration> {
     let started = Instant::now();
-    let share = SHARDS.div_ceil(replicas.len());
+    let share = shards.div_ceil(replicas.len());
     eventually(
         &format!("the ranges split among {replicas:?}"),
         Duration::from_secs(90),
         || async {
-            let h = range_holders(leases).await?;
+            let h = range_holders(leases, shards).await?;
             Ok(replicas
                 .iter()
                 .all(|r| h.get(*r) == Some(&share))
@@ -90,36 +79,25 @@ async fn balanced(leases: &Api<Lease>, replicas: &[&str]) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
-/// Sets every ConfigMap's `data.value` to `value`.
-async fn bump(cms: &Api<ConfigMap>, names: &[String], value: &str) -> Result<()> {
-    futures::stream::iter(names.iter().map(Ok::<_, anyhow::Error>))
-        .try_for_each_concurrent(16, |n| async move {
-            cms.patch(
-                n,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"data": {"value": value}})),
-            )
-            .await?;
-            Ok(())
-        })
-        .await
+/// A ConfigMap named `name` of value `v1`.
+fn configmap(name: &str) -> Result<ConfigMap> {
+    Ok(serde_json::from_value(
+        json!({"metadata": {"name": name}, "data": {"value": "v1"}}),
+    )?)
 }
 
-/// Who stamped each ConfigMap with `value` (its `wcm.test/by`), when all of them are.
-async fn stamped(cms: &Api<ConfigMap>, n: usize, value: &str) -> Result<Option<Vec<String>>> {
-    // A list of every object, at most about once a second for 30,000 of them.
-    tokio::time::sleep(Duration::from_millis(n as u64 / 30)).await;
-    let list = cms.list(&ListParams::default()).await?;
-    let by: Vec<String> = list
-        .items
-        .iter()
-        .filter_map(|cm| {
-            let a = cm.metadata.annotations.as_ref()?;
-            (a.get("wcm.test/stamped")? == value)
-                .then(|| a.get("wcm.test/by").cloned().unwrap_or_default())
+/// Creates a ConfigMap of value `v1` for each name, 16 at a time.
+async fn create_all(cms: &Api<ConfigMap>, names: &[String]) -> Result<()> {
+    futures::stream::iter(names.iter())
+        .map(|name| async move {
+            cms.create(&PostParams::default(), &configmap(name)?)
+                .await?;
+            anyhow::Ok(())
         })
-        .collect();
-    Ok((by.len() == n).then_some(by))
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
 }
 
 /// Changes every object to `value` and waits until each is stamped with it: who stamped each.
@@ -141,9 +119,15 @@ async fn settled_writes(
     env: &testenv::TestEnv,
     mark: testenv::AuditMark,
     ns: &str,
-) -> Result<Writes> {
+) -> Result<Calls> {
     tokio::time::sleep(Duration::from_secs(2)).await;
-    writes_since(env, mark, ns, &["first", "second", "third", "fourth"])
+    plugin_calls_since(
+        env,
+        mark,
+        ns,
+        &["first", "second", "third", "fourth"],
+        "patch",
+    )
 }
 
 /// Every object written exactly once since `mark` (the audit log), agreeing with the stamps `by`:
@@ -166,46 +150,8 @@ async fn written_once(
     Ok(per)
 }
 
-/// Each write of an object: the replica, and when the API server received and completed it.
-type Writes = BTreeMap<String, Vec<(String, String, String)>>;
-
-/// The plugin's ConfigMap patches the audit log saw since `mark`: by object, each write's replica
-/// (from the User-Agent, which names the host's Pod) and its `[received, completed]` times.
-fn writes_since(
-    env: &testenv::TestEnv,
-    mark: testenv::AuditMark,
-    ns: &str,
-    replicas: &[&str],
-) -> Result<Writes> {
-    let mut out = Writes::new();
-    for e in env.audit_events_since(mark)? {
-        let Some(o) = &e.object_ref else { continue };
-        if e.verb != "patch"
-            || e.stage != "ResponseComplete"
-            || o.resource != "configmaps"
-            || o.namespace != ns
-            || !e
-                .effective_user()
-                .ends_with(&format!("wcm-plugin-{PLUGIN}"))
-        {
-            continue;
-        }
-        let replica = replicas
-            .iter()
-            .find(|r| e.user_agent.contains(&format!("({r}_")))
-            .map(|r| r.to_string())
-            .with_context(|| format!("a write with User-Agent {:?}", e.user_agent))?;
-        out.entry(o.name.clone()).or_default().push((
-            replica,
-            e.request_received_timestamp.clone(),
-            e.stage_timestamp.clone(),
-        ));
-    }
-    Ok(out)
-}
-
 /// Every object written exactly once since the mark, and never by two replicas.
-fn once_each(writes: &Writes, names: &[String], phase: &str) -> Result<BTreeMap<String, usize>> {
+fn once_each(writes: &Calls, names: &[String], phase: &str) -> Result<BTreeMap<String, usize>> {
     let mut per_replica = BTreeMap::new();
     for n in names {
         let w = writes.get(n).map(Vec::as_slice).unwrap_or_default();
@@ -265,22 +211,6 @@ async fn without_the_gate_the_fallback_passes_the_same_checks() -> Result<()> {
     scenario(&env, false).await
 }
 
-/// The range Leases' holders by index (the `replica` prefix of each holder identity).
-async fn range_owners(leases: &Api<Lease>) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for k in 0..SHARDS {
-        let name = format!("wasm-controller-manager-plugin-{PLUGIN}-shard-uid-{k}-of-{SHARDS}");
-        let holder = leases
-            .get_opt(&name)
-            .await?
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity)
-            .unwrap_or_default();
-        out.push(holder.split('_').next().unwrap_or_default().to_string());
-    }
-    Ok(out)
-}
-
 /// Each live replica caches its share of the ConfigMaps the plugin's stream lists (in every
 /// namespace: the plugin's `namespaces` are enforced by the host, not by its stream); with the
 /// gate, the primaries of its ranges, together every object once; without, every object. Each
@@ -333,6 +263,7 @@ async fn watches_follow_the_leases(
     env: &testenv::TestEnv,
     since: testenv::AuditMark,
     leases: &Api<Lease>,
+    shards: usize,
     replicas: &[&str],
     gate: bool,
     phase: &str,
@@ -343,7 +274,7 @@ async fn watches_follow_the_leases(
         &format!("{phase}: each replica watches its Leases' ranges"),
         Duration::from_secs(60),
         || async {
-            let owners = range_owners(leases).await?;
+            let owners = range_owners(leases, shards).await?;
             let mut latest: BTreeMap<&str, (String, String)> = BTreeMap::new();
             for e in env.audit_events_since(since)? {
                 let Some(o) = &e.object_ref else { continue };
@@ -382,10 +313,10 @@ async fn watches_follow_the_leases(
                 }
                 return Ok((latest.len() == replicas.len()).then_some(()));
             }
-            let all = shard::split(SHARDS as u32);
+            let all = shard::split(shards as u32);
             let mut matches = true;
             for r in replicas {
-                let held: Vec<shard::Range> = (0..SHARDS)
+                let held: Vec<shard::Range> = (0..shards)
                     .filter(|k| owners[*k] == *r)
                     .map(|k| all[k])
                     .collect();
@@ -436,20 +367,7 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let names: Vec<String> = (0..n).map(|i| format!("cm-{i:05}")).collect();
     let created = Instant::now();
-    futures::stream::iter(names.iter())
-        .map(|name| {
-            let cms = cms.clone();
-            async move {
-                let cm: ConfigMap = serde_json::from_value(
-                    json!({"metadata": {"name": name}, "data": {"value": "v1"}}),
-                )?;
-                cms.create(&PostParams::default(), &cm).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await?;
+    create_all(&cms, &names).await?;
     println!("{n} ConfigMaps created in {:?}", created.elapsed());
 
     let every_cm: Api<ConfigMap> = Api::all(client.clone());
@@ -458,7 +376,7 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let first = start("first", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
     let mut second = start("second", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
     let third = start("third", &ns.name, &lease_ns.name, &kubeconfig, &logs)?;
-    let took = balanced(&leases, &["first", "second", "third"]).await?;
+    let took = balanced(&leases, SHARDS, &["first", "second", "third"]).await?;
     println!("3 replicas: ranges 4/4/4 after {took:?}");
     // Every object is stamped once (v1) whoever held its range then.
     eventually("every ConfigMap stamped v1", settle, || {
@@ -477,7 +395,7 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let three = [("first", &first), ("second", &second), ("third", &third)];
     caches_hold_their_share(&every_cm, &three, gate, "3 replicas").await?;
     let replicas = ["first", "second", "third"];
-    watches_follow_the_leases(env, started, &leases, &replicas, gate, "3 replicas").await?;
+    watches_follow_the_leases(env, started, &leases, SHARDS, &replicas, gate, "3 replicas").await?;
     let filtered = filtered_events(env).await?;
 
     // A change of every object: each is reconciled by the holder of its range, once.
@@ -510,7 +428,7 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let killed = Instant::now();
     let taken = tokio::spawn({
         let leases = leases.clone();
-        async move { balanced(&leases, &["first", "third"]).await }
+        async move { balanced(&leases, SHARDS, &["first", "third"]).await }
     });
     let by = change_all(&cms, &names, "v3", settle).await?;
     let recovered = killed.elapsed();
@@ -540,6 +458,7 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
         env,
         started,
         &leases,
+        SHARDS,
         &["first", "third"],
         gate,
         "after the kill",
@@ -555,7 +474,7 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let joined = Instant::now();
     let rebalanced = tokio::spawn({
         let leases = leases.clone();
-        async move { balanced(&leases, &["first", "third", "fourth"]).await }
+        async move { balanced(&leases, SHARDS, &["first", "third", "fourth"]).await }
     });
     change_all(&cms, &names, "v4", settle).await?;
     let stamped_in = joined.elapsed();
@@ -596,7 +515,16 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let three = [("first", &first), ("third", &third), ("fourth", &fourth)];
     caches_hold_their_share(&every_cm, &three, gate, "after the join").await?;
     let replicas = ["first", "third", "fourth"];
-    watches_follow_the_leases(env, started, &leases, &replicas, gate, "after the join").await?;
+    watches_follow_the_leases(
+        env,
+        started,
+        &leases,
+        SHARDS,
+        &replicas,
+        gate,
+        "after the join",
+    )
+    .await?;
 
     // Then a change is shared by the three the same way.
     let mark = env.audit_mark()?;
@@ -606,5 +534,259 @@ async fn scenario(env: &testenv::TestEnv, gate: bool) -> Result<()> {
     let distinct: BTreeSet<&String> = per.keys().collect();
     assert_eq!(distinct.len(), 3);
     drop((first, third, fourth));
+    Ok(())
+}
+
+/// The range of `shards` that an object of this UID falls in.
+fn range_of(uid: &str, shards: usize) -> Result<usize> {
+    let h = shard::hash_of(shard::ShardBy::Uid, uid, None);
+    shard::split(shards as u32)
+        .iter()
+        .position(|r| r.contains(h))
+        .context("a hash outside every range")
+}
+
+/// The replica holding the range of `cms`' object `name` now, and the object's UID.
+async fn holder_of(
+    cms: &Api<ConfigMap>,
+    leases: &Api<Lease>,
+    name: &str,
+) -> Result<(String, String)> {
+    let uid = cms
+        .get(name)
+        .await?
+        .metadata
+        .uid
+        .context("an object without a UID")?;
+    let owners = range_owners(leases, SHARDS).await?;
+    Ok((owners[range_of(&uid, SHARDS)?].clone(), uid))
+}
+
+/// The host's reads (as the host, not as the plugin) of ConfigMap `name` by name (a list with
+/// `fieldSelector=metadata.name=NAME`) that `replica` made since `mark`.
+fn host_reads_by_name(
+    env: &testenv::TestEnv,
+    mark: testenv::AuditMark,
+    ns: &str,
+    replica: &str,
+    name: &str,
+) -> Result<usize> {
+    let want = format!("metadata.name={name}");
+    Ok(env
+        .audit_events_since(mark)?
+        .iter()
+        .filter(|e| {
+            e.verb == "list"
+                && e.stage == "ResponseComplete"
+                && e.object_ref
+                    .as_ref()
+                    .is_some_and(|o| o.resource == "configmaps" && o.namespace == ns)
+                && e.user_agent.contains(&format!("({replica}_"))
+                && !e.effective_user().contains("wcm-plugin-")
+                && form_urlencoded::parse(
+                    e.request_uri.split_once('?').map_or("", |q| q.1).as_bytes(),
+                )
+                .any(|(k, v)| k == "fieldSelector" && v == want)
+        })
+        .count())
+}
+
+/// Server-side, a primary deleted and made again under its name with a UID in another replica's
+/// range: the replica that saw it deleted (and had its key queued) asks the API server before
+/// reconciling it as deleted, and leaves it to the replica of the new UID's range, which
+/// reconciles it. Then the operator changes the shards count in NAME.toml: both replicas move to
+/// the new layout, the old layout's Leases are released, each watch follows the new Leases and a
+/// change of every object is written once. (The plugin reads an object by name in each reconcile
+/// as deleted: the audit log shows which replica reconciled which key as deleted.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_primary_made_again_in_another_range_and_a_new_shards_count() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let env = testenv::TestEnv::shared().await?;
+    const N: usize = 200;
+    let client = env.client().await?;
+    let ns = env.namespace("remade").await?;
+    let lease_ns = env.namespace("remade-leases").await?;
+    let kubeconfig = env.kubeconfig_path().context("kubeconfig")?.to_path_buf();
+    let logs = temp_dir("remade-logs")?;
+    // One worker and about 50 ms of CPU per reconcile: a change of every object keeps each
+    // replica busy for seconds, so a key queued behind it waits.
+    let slow = |r: &str| settings(r, &ns.name, SHARDS, "workers = 1", "burn_k = \"30000\"");
+    grant_dir_in(env, &stamper::plugin_dir("grant", &slow("grant"))?).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns.name);
+    let names: Vec<String> = (0..N).map(|i| format!("cm-{i:03}")).collect();
+    let spares: Vec<String> = (0..24).map(|i| format!("again-{i:02}")).collect();
+    create_all(&cms, &names).await?;
+    create_all(&cms, &spares).await?;
+    let dirs = [
+        stamper::plugin_dir("first", &slow("first"))?,
+        stamper::plugin_dir("second", &slow("second"))?,
+    ];
+    let first = start_in(&dirs[0], "first", &lease_ns.name, &kubeconfig, &logs)?;
+    let second = start_in(&dirs[1], "second", &lease_ns.name, &kubeconfig, &logs)?;
+    balanced(&leases, SHARDS, &["first", "second"]).await?;
+    let total = N + spares.len();
+    eventually(
+        "every ConfigMap stamped v1",
+        Duration::from_secs(120),
+        || stamped(&cms, total, "v1"),
+    )
+    .await?;
+
+    // Two spares in the first replica's ranges: `x` is made again, `y` (the control) is not.
+    let mut in_first = Vec::new();
+    for s in &spares {
+        if holder_of(&cms, &leases, s).await?.0 == "first" {
+            in_first.push(s.clone());
+        }
+    }
+    let [x, y, ..] = in_first.as_slice() else {
+        anyhow::bail!(
+            "fewer than two of {} spares in the first replica's ranges",
+            spares.len()
+        );
+    };
+
+    // Every other object changes: each replica has about 100 keys (5 s) queued ahead of the
+    // deletions. `x` is made again until its new UID falls in the second replica's ranges.
+    bump(&cms, &names, "v2").await?;
+    let mark = env.audit_mark()?;
+    cms.delete(y, &Default::default()).await?;
+    cms.delete(x, &Default::default()).await?;
+    let mut remade = None;
+    for _ in 0..30 {
+        let at = env.audit_mark()?;
+        cms.create(&PostParams::default(), &configmap(x)?).await?;
+        let (holder, uid) = holder_of(&cms, &leases, x).await?;
+        if holder == "second" {
+            remade = Some((at, uid));
+            break;
+        }
+        cms.delete(x, &Default::default()).await?;
+    }
+    let (remade, uid) = remade.context("no new UID of x in the second replica's ranges")?;
+    println!("{x} made again as {uid}, in the second replica's ranges");
+    eventually(
+        "every changed ConfigMap stamped v2",
+        Duration::from_secs(120),
+        || stamped(&cms, N, "v2"),
+    )
+    .await?;
+    // The first replica reaches both deletions: `y` it reconciles as deleted (the plugin reads
+    // it: 404), `x` it asks the API server about first.
+    eventually(
+        "the first replica reaches both deletions",
+        Duration::from_secs(120),
+        || async {
+            let gets = plugin_calls_since(env, mark, &ns.name, &["first", "second"], "get")?;
+            let y_by_first = gets
+                .get(y.as_str())
+                .is_some_and(|g| g.iter().any(|(r, _, _)| r == "first"));
+            let x_read = host_reads_by_name(env, remade, &ns.name, "first", x)?;
+            Ok((y_by_first && x_read > 0).then_some(()))
+        },
+    )
+    .await?;
+    // The second replica reconciles the object made again in its range.
+    eventually(
+        &format!("{x} stamped by the second replica"),
+        Duration::from_secs(60),
+        || async {
+            let a = cms.get(x).await?.metadata.annotations.unwrap_or_default();
+            Ok((a.get("wcm.test/stamped").map(String::as_str) == Some("v1")
+                && a.get("wcm.test/by").map(String::as_str) == Some("second"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let gets = plugin_calls_since(env, remade, &ns.name, &["first", "second"], "get")?;
+    ensure!(
+        gets.get(x.as_str())
+            .is_none_or(|g| g.iter().all(|(r, _, _)| r != "first")),
+        "the first replica reconciled {x} as deleted after it was made again: {:?}",
+        gets.get(x.as_str())
+    );
+    let patches = plugin_calls_since(env, remade, &ns.name, &["first", "second"], "patch")?;
+    let x_patches = patches.get(x.as_str()).cloned().unwrap_or_default();
+    ensure!(
+        x_patches.len() == 1 && x_patches[0].0 == "second",
+        "{x} made again was written {x_patches:?}"
+    );
+
+    // The operator changes the shards count in NAME.toml (and drops the CPU work), one replica
+    // at a time. While the replicas run two layouts neither reconciles the plugin's keys (two
+    // layouts' ranges overlap); once both run the new one, its Leases split 2/2, the old ones are
+    // released, each watch follows the new Leases, and every change made meanwhile is written
+    // once (the replica taking a range queues all of it).
+    const NEW: usize = 4;
+    let replicas = ["first", "second"];
+    let started = env.audit_mark()?;
+    let fast = |r: &str| settings(r, &ns.name, NEW, "workers = 4", "");
+    stamper::write_settings(&dirs[0], &fast("first"))?;
+    let file = format!("{PLUGIN}.wasm");
+    eventually(
+        "the first replica on the new layout, the two disagreeing",
+        Duration::from_secs(60),
+        || async {
+            let a = first.debug_entry(&file).await?.context("first")?;
+            let b = second.debug_entry(&file).await?.context("second")?;
+            Ok((a["shards"]["count"] == NEW
+                && a["shards"]["agreed"] == false
+                && b["shards"]["count"] == SHARDS
+                && b["shards"]["agreed"] == false)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let mark = env.audit_mark()?;
+    bump(&cms, &names, "v3").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let meanwhile = plugin_calls_since(env, mark, &ns.name, &replicas, "patch")?;
+    ensure!(
+        meanwhile.is_empty(),
+        "{} objects written while the replicas ran two layouts, e.g. {:?}",
+        meanwhile.len(),
+        meanwhile.iter().take(3).collect::<Vec<_>>()
+    );
+    stamper::write_settings(&dirs[1], &fast("second"))?;
+    let moved = Instant::now();
+    eventually(
+        "the new layout split, the old released",
+        Duration::from_secs(90),
+        || async {
+            let new = range_holders(&leases, NEW).await?;
+            let old = range_owners(&leases, SHARDS).await?;
+            Ok((new.get("first") == Some(&2)
+                && new.get("second") == Some(&2)
+                && old.iter().all(String::is_empty))
+            .then_some(()))
+        },
+    )
+    .await?;
+    println!(
+        "shards 12 -> 4: the new Leases split 2/2 and the old released {:?} after the second moved",
+        moved.elapsed()
+    );
+    let by = eventually(
+        "every ConfigMap stamped v3",
+        Duration::from_secs(120),
+        || stamped(&cms, N, "v3"),
+    )
+    .await?;
+    for host in [&first, &second] {
+        let entry = host.debug_entry(&file).await?.context("the plugin")?;
+        assert_eq!(entry["shards"]["count"], NEW, "{entry}");
+        assert_eq!(entry["shards"]["agreed"], true, "{entry}");
+        assert_eq!(
+            entry["shards"]["held"].as_array().map(Vec::len),
+            Some(2),
+            "{entry}"
+        );
+    }
+    watches_follow_the_leases(env, started, &leases, NEW, &replicas, true, "4 shards").await?;
+    let per = written_once(env, mark, &ns.name, &names, &by, "v3 on 4 shards").await?;
+    about_even(&per, &replicas, N, "v3 on 4 shards")?;
+    drop((first, second));
     Ok(())
 }

@@ -141,7 +141,7 @@ pub struct PluginLeases {
     metrics: Arc<Metrics>,
     /// False once the manager stops: no gate opens again.
     pub(super) open: watch::Receiver<bool>,
-    shares: Arc<Shares>,
+    pub(super) shares: Arc<Shares>,
     /// The live elections, by unit (a plugin, or one shard of a sharded plugin): the gates'
     /// handle, and the elector (released when the last gate goes, or all together at shutdown).
     pub(super) leases: Mutex<HashMap<String, Weak<PluginLease>>>,
@@ -153,13 +153,14 @@ pub struct PluginLeases {
 }
 
 /// What the fair share is computed from.
-#[derive(Default)]
-struct Shares {
+pub(super) struct Shares {
     /// Live replicas (at least this one).
     members: AtomicUsize,
     /// Every unit with an election on this replica: whether it holds the unit's Lease, and its
     /// in-flight reconciles.
     plugins: Mutex<BTreeMap<String, Member>>,
+    /// The sharded plugins' layouts, here and on the peers.
+    pub(super) layouts: Mutex<super::layouts::Layouts>,
 }
 
 /// A unit in the shares: the generation of its election on this replica, whether this replica
@@ -170,8 +171,13 @@ type Member = (u64, watch::Receiver<bool>, Arc<AtomicUsize>, String);
 impl Shares {
     /// How many Leases of `pool` this replica holds, how many it should, and which it holds.
     fn counts(&self, pool: &str) -> (usize, usize, Vec<String>) {
+        // A sharded plugin's ranges are shared among the replicas that run it.
+        let members = if pool.is_empty() {
+            self.members.load(Ordering::Relaxed).max(1)
+        } else {
+            1 + self.layouts().peers_running(pool)
+        };
         let plugins = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
-        let members = self.members.load(Ordering::Relaxed).max(1);
         let units = plugins.values().filter(|m| m.3 == pool).count();
         let share = units.div_ceil(members);
         let held: Vec<String> = plugins
@@ -181,25 +187,40 @@ impl Shares {
             .collect();
         (held.len(), share, held)
     }
+
+    pub(super) fn layouts(&self) -> std::sync::MutexGuard<'_, super::layouts::Layouts> {
+        self.layouts.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// One unit's policy under the shares of its pool.
 struct Share {
     plugin: String,
     pool: String,
+    /// A range of the sharded plugin `pool` on this layout: held only while the replicas agree
+    /// on it ([`super::layouts`]).
+    layout: Option<String>,
     shares: Arc<Shares>,
+}
+
+impl Share {
+    fn agreed(&self) -> bool {
+        self.layout
+            .as_ref()
+            .is_none_or(|l| self.shares.layouts().agreed(&self.pool, l))
+    }
 }
 
 impl LeasePolicy for Share {
     fn may_acquire(&self) -> bool {
         let (held, share, _) = self.shares.counts(&self.pool);
-        held < share
+        held < share && self.agreed()
     }
 
     fn should_release(&self) -> bool {
         let (held, share, names) = self.shares.counts(&self.pool);
         // The Leases past the share, by name: every replica picks the same ones to give up.
-        held > share && names.iter().skip(share).any(|p| *p == self.plugin)
+        (held > share && names.iter().skip(share).any(|p| *p == self.plugin)) || !self.agreed()
     }
 
     fn busy(&self) -> bool {
@@ -227,6 +248,9 @@ pub struct PluginLease {
     pub(super) tenure: Arc<Tenure>,
     pub(super) leader: watch::Receiver<Option<String>>,
     pub(super) in_flight: Arc<AtomicUsize>,
+    /// A range of a sharded plugin: the plugin and its layout (announced while the election
+    /// lives, and until its Lease is released).
+    layout: Option<(String, String)>,
 }
 
 impl Drop for PluginLease {
@@ -237,6 +261,16 @@ impl Drop for PluginLease {
         if !*owner.open.borrow() {
             return;
         }
+        // A range's layout is announced until its Lease is released with its writes ended.
+        let unannounce = {
+            let layout = self.layout.clone();
+            move |owner: &PluginLeases| {
+                if let Some((plugin, layout)) = &layout {
+                    owner.shares.layouts().unregister(plugin, layout);
+                }
+            }
+        };
+        let tenure = self.tenure.clone();
         // Only this generation's entries: a successor may have joined already.
         let mine = |g: u64| g == self.generation;
         {
@@ -256,21 +290,34 @@ impl Drop for PluginLease {
                 _ => None,
             }
         };
-        if let (Some(l), Ok(rt)) = (elector, tokio::runtime::Handle::try_current()) {
-            let lease = self.lease.clone();
-            let plugin = self.plugin.clone();
-            let owner = self.owner.clone();
-            rt.spawn(async move {
-                l.release().await;
-                // The plugin's status series goes with its election, unless a successor joined
-                // meanwhile (it sets its series once it is in the map: both under this lock).
-                if let Some(owner) = owner.upgrade() {
-                    let electors = owner.electors.lock().unwrap_or_else(|p| p.into_inner());
-                    if !electors.contains_key(&plugin) {
-                        owner.metrics.forget_leader(&lease);
+        match (elector, tokio::runtime::Handle::try_current()) {
+            (Some(l), Ok(rt)) => {
+                let lease = self.lease.clone();
+                let plugin = self.plugin.clone();
+                let owner = self.owner.clone();
+                rt.spawn(async move {
+                    l.release().await;
+                    // Writes still in flight (the Lease left to expire instead): the layout
+                    // stays announced until the Lease has expired.
+                    if tenure.writes() > 0
+                        && let Some(wait) = owner.upgrade().map(|o| o.settings.lease_duration)
+                    {
+                        tokio::time::sleep(wait).await;
                     }
-                }
-            });
+                    // The plugin's status series goes with its election, unless a successor
+                    // joined meanwhile (it sets its series once it is in the map: both under
+                    // this lock).
+                    if let Some(owner) = owner.upgrade() {
+                        unannounce(&owner);
+                        let electors = owner.electors.lock().unwrap_or_else(|p| p.into_inner());
+                        if !electors.contains_key(&plugin) {
+                            owner.metrics.forget_leader(&lease);
+                        }
+                    }
+                });
+            }
+            // Replaced by a successor of the same unit (same layout), or never elected.
+            _ => unannounce(&owner),
         }
     }
 }
@@ -286,7 +333,8 @@ impl PluginLeases {
         settings.check()?;
         let shares = Arc::new(Shares {
             members: AtomicUsize::new(1),
-            ..Shares::default()
+            plugins: Mutex::default(),
+            layouts: Mutex::new(super::layouts::Layouts::new(settings.lease_duration)),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let member = Membership {
@@ -297,6 +345,8 @@ impl PluginLeases {
             seen: HashMap::new(),
             renewing: Trouble::default(),
             counting: Trouble::default(),
+            disagreeing: BTreeMap::new(),
+            announced: HashMap::new(),
         };
         let task = tokio::spawn(member.run(stopped));
         Ok(Arc::new(PluginLeases {
@@ -325,7 +375,7 @@ impl PluginLeases {
     fn gate(self: &Arc<Self>, plugin: &str) -> Gate {
         let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         leases.retain(|_, l| l.strong_count() > 0);
-        let lease = self.unit_lease(&mut leases, plugin, "", &self.lease_name(plugin));
+        let lease = self.unit_lease(&mut leases, plugin, "", &self.lease_name(plugin), None);
         Gate {
             taking: all_of(lease.taking.clone(), self.open.clone()),
             tenure: lease.tenure.clone(),
@@ -337,18 +387,20 @@ impl PluginLeases {
     }
 
     /// The live election of unit `unit` (a plugin, or a range of one) in `pool`, on Lease
-    /// `lease_name`: the one its gates share, joined if no gate holds it.
+    /// `lease_name`: the one its gates share, joined if no gate holds it. `layout`: a range of
+    /// the sharded plugin `pool` on that layout.
     pub(super) fn unit_lease(
         self: &Arc<Self>,
         leases: &mut HashMap<String, Weak<PluginLease>>,
         unit: &str,
         pool: &str,
         lease_name: &str,
+        layout: Option<&str>,
     ) -> Arc<PluginLease> {
         if let Some(l) = leases.get(unit).and_then(Weak::upgrade) {
             return l;
         }
-        let l = Arc::new(self.join(unit, pool, lease_name));
+        let l = Arc::new(self.join(unit, pool, lease_name, layout));
         leases.insert(unit.to_string(), Arc::downgrade(&l));
         l
     }
@@ -359,9 +411,18 @@ impl PluginLeases {
     }
 
     /// Joins the election of unit `plugin` (a plugin, or a shard) in `pool`, on Lease
-    /// `lease_name`.
-    fn join(self: &Arc<Self>, plugin: &str, pool: &str, lease_name: &str) -> PluginLease {
+    /// `lease_name`; `layout`: a range of the sharded plugin `pool` on that layout.
+    fn join(
+        self: &Arc<Self>,
+        plugin: &str,
+        pool: &str,
+        lease_name: &str,
+        layout: Option<&str>,
+    ) -> PluginLease {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        if let Some(layout) = layout {
+            self.shares.layouts().register(pool, layout);
+        }
         let lease_name = lease_name.to_string();
         let settings = LeaderSettings {
             lease_name: lease_name.clone(),
@@ -372,6 +433,7 @@ impl PluginLeases {
         let policy = Arc::new(Share {
             plugin: plugin.to_string(),
             pool: pool.to_string(),
+            layout: layout.map(str::to_string),
             shares: self.shares.clone(),
         });
         // The settings were checked when the leases started; a failure here cannot happen, but
@@ -430,6 +492,7 @@ impl PluginLeases {
             tenure,
             leader,
             in_flight,
+            layout: layout.map(|l| (pool.to_string(), l.to_string())),
         }
     }
 
@@ -492,6 +555,11 @@ struct Membership {
     seen: HashMap<String, (String, Instant)>,
     renewing: Trouble,
     counting: Trouble,
+    /// By sharded plugin, the layouts last warned of as differing between the replicas.
+    disagreeing: BTreeMap<String, String>,
+    /// Each peer's announcement of its sharded layouts, and when its Lease last changed: kept
+    /// for [`Membership::hold`] after that, live or not, listed or not.
+    announced: HashMap<String, (String, Instant)>,
 }
 
 /// `call`, cut at `limit` (each membership call has half the round), so a call that hangs is a
@@ -562,17 +630,29 @@ impl Membership {
             renew_time: Some(now),
             ..Default::default()
         };
+        // The layouts of the sharded plugins this replica runs ([`super::layouts`]).
+        let (layouts, generations) = self.shares.layouts().announcement();
+        let annotate = |meta: &mut ObjectMeta| {
+            let a = meta.annotations.get_or_insert_with(Default::default);
+            if layouts.is_empty() {
+                a.remove(super::layouts::ANNOTATION);
+            } else {
+                a.insert(super::layouts::ANNOTATION.to_string(), layouts.clone());
+            }
+        };
+        let sent = Instant::now();
         let write = async {
             match self.leases.get_opt(&self.name).await {
                 Ok(Some(mut lease)) => {
                     lease.spec = Some(spec);
+                    annotate(&mut lease.metadata);
                     self.leases
                         .replace(&self.name, &PostParams::default(), &lease)
                         .await
                         .map(drop)
                 }
                 Ok(None) => {
-                    let lease = Lease {
+                    let mut lease = Lease {
                         metadata: ObjectMeta {
                             name: Some(self.name.clone()),
                             labels: Some(
@@ -583,6 +663,7 @@ impl Membership {
                         },
                         spec: Some(spec),
                     };
+                    annotate(&mut lease.metadata);
                     self.leases
                         .create(&PostParams::default(), &lease)
                         .await
@@ -591,7 +672,11 @@ impl Membership {
                 Err(e) => Err(e),
             }
         };
-        match within(self.settings.renew_deadline / 2, write).await {
+        let written = within(self.settings.renew_deadline / 2, write).await;
+        if written.is_ok() {
+            self.shares.layouts().written(generations, sent);
+        }
+        match written {
             Ok(_) if self.renewing.worked() => {
                 tracing::info!(lease = %self.name, "the membership Lease is renewed again");
             }
@@ -609,6 +694,8 @@ impl Membership {
     }
 
     async fn count(&mut self) {
+        // Only what was written before the list began counts as seen by the peers.
+        let basis = self.shares.layouts().count_basis();
         let selector = format!("{MEMBER_LABEL}={}", self.settings.lease_name);
         let params = ListParams::default().labels(&selector);
         let listed = self.leases.list_metadata(&params);
@@ -623,8 +710,9 @@ impl Membership {
                 if self.counting.failed(&e) {
                     tracing::warn!(
                         "listing the membership Leases failed: {e}; this replica keeps its last \
-                         count of replicas ({}), so its share of the plugins is not updated until \
-                         it works (needs list on leases)",
+                         count of replicas ({}), so its share of the plugins is not updated, and \
+                         its sharded plugins stop once their agreement on a layout lapses (a \
+                         lease duration), until it works (needs list on leases)",
                         self.shares.members.load(Ordering::Relaxed)
                     );
                 } else {
@@ -635,11 +723,17 @@ impl Membership {
         };
         let mut live = 1;
         let mut present = Vec::new();
+        let mut live_peers = Vec::new();
         for lease in list.items {
             let (Some(name), Some(rv)) = (lease.metadata.name, lease.metadata.resource_version)
             else {
                 continue;
             };
+            let layouts = lease
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(super::layouts::ANNOTATION))
+                .unwrap_or_default();
             present.push(name.clone());
             let entry = self
                 .seen
@@ -652,8 +746,10 @@ impl Membership {
             if name == self.name {
                 continue;
             }
+            self.announced.insert(name.clone(), (layouts, entry.1));
             if since <= self.settings.lease_duration {
                 live += 1;
+                live_peers.push(name.clone());
             } else {
                 // Gone (killed, never left): removed, unless renewed meanwhile, so a replica that
                 // joins later does not count it for another lease duration. A member that was
@@ -673,6 +769,75 @@ impl Membership {
         if before != live {
             tracing::info!(members = live, "replicas sharing the plugins");
         }
+        // A peer's announcement is kept for the hold after its last change, whether its Lease
+        // expired or went: until then it may still be reconciling on its layout.
+        let hold = self.hold();
+        self.announced
+            .retain(|_, (_, changed)| changed.elapsed() <= hold);
+        self.agree(basis, &live_peers);
+    }
+
+    /// How long a peer's announcement is kept after its Lease last changed: past the lease
+    /// duration after which the peer itself stops taking keys on an agreement, the hand-over of
+    /// its ranges (half a renew deadline) and its writes' last tenure (a renew deadline), twice.
+    fn hold(&self) -> Duration {
+        2 * (self.settings.lease_duration + self.settings.renew_deadline)
+    }
+
+    /// Takes the peers' layouts in, and says when a sharded plugin's replicas start or stop
+    /// disagreeing on its layout (its keys wait meanwhile).
+    fn agree(&mut self, basis: (BTreeMap<String, u64>, Option<Instant>), live_peers: &[String]) {
+        let mut layouts = self.shares.layouts();
+        layouts.counted(
+            basis,
+            self.announced
+                .iter()
+                .map(|(name, (text, _))| super::layouts::Peer {
+                    text,
+                    live: live_peers.contains(name),
+                }),
+        );
+        let mut now = BTreeMap::new();
+        for plugin in layouts.plugins() {
+            if let Some((here, peers)) = layouts.disagreement(&plugin) {
+                now.insert(
+                    plugin,
+                    format!(
+                        "{} here, {} on peers",
+                        here.join(" and "),
+                        peers.join(" and ")
+                    ),
+                );
+            }
+        }
+        if layouts.unreadable() && !self.disagreeing.contains_key("") {
+            tracing::warn!(
+                "a membership Lease announces more sharded layouts than a replica reads (over \
+                 512 entries or 64 KiB): no sharded plugin reconciles its keys while it is there"
+            );
+        }
+        if layouts.unreadable() {
+            now.insert(String::new(), String::new());
+        }
+        drop(layouts);
+        for (plugin, what) in now.iter().filter(|(p, _)| !p.is_empty()) {
+            if self.disagreeing.get(plugin) != Some(what) {
+                tracing::warn!(
+                    plugin,
+                    "the replicas run this sharded plugin with different shards or shard_by \
+                     ({what}): none reconciles its keys until every replica runs one layout"
+                );
+            }
+        }
+        for plugin in self.disagreeing.keys().filter(|p| !p.is_empty()) {
+            if !now.contains_key(plugin) {
+                tracing::info!(
+                    plugin,
+                    "the replicas run one layout of this sharded plugin again"
+                );
+            }
+        }
+        self.disagreeing = now;
     }
 }
 

@@ -8,6 +8,7 @@ pub mod discovery;
 pub mod election;
 pub mod events;
 pub mod identity;
+pub mod layouts;
 pub mod leader;
 pub mod permissions;
 pub mod rbac;

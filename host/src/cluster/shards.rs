@@ -25,12 +25,20 @@ pub struct Unit {
     pub range: Range,
     lease: Arc<PluginLease>,
     open: watch::Receiver<bool>,
+    /// Until when the replicas running the plugin agree on its layout ([`super::layouts`]).
+    agreed: watch::Receiver<Option<tokio::time::Instant>>,
 }
 
 impl Unit {
-    /// Whether this replica holds the range now: read from the elector's own flag (set before it
-    /// checks for in-flight reconciles), not from the combined channel a task forwards.
+    /// Whether this replica takes the range's keys now: it holds the range (read from the
+    /// elector's own flag, set before it checks for in-flight reconciles, not from the combined
+    /// channel a task forwards) and every replica running the plugin runs its layout.
     pub fn is_taking(&self) -> bool {
+        self.holds() && super::layouts::holds(*self.agreed.borrow(), tokio::time::Instant::now())
+    }
+
+    /// Whether this replica holds the range's Lease now.
+    pub fn holds(&self) -> bool {
         *self.lease.taking.borrow() && *self.open.borrow()
     }
 
@@ -59,6 +67,16 @@ impl Unit {
 pub struct Sharding {
     pub by: ShardBy,
     pub units: Vec<Unit>,
+    /// Until when the replicas running the plugin agree on its layout (None: they do not): its
+    /// keys wait until they do.
+    pub agreed: watch::Receiver<Option<tokio::time::Instant>>,
+}
+
+impl Sharding {
+    /// Whether the replicas running the plugin agree on its layout now.
+    pub fn agreed(&self) -> bool {
+        super::layouts::holds(*self.agreed.borrow(), tokio::time::Instant::now())
+    }
 }
 
 impl Sharding {
@@ -127,7 +145,7 @@ impl Sharding {
     pub fn held(&self) -> Vec<usize> {
         self.units
             .iter()
-            .filter(|u| u.is_taking())
+            .filter(|u| u.holds())
             .map(|u| u.index)
             .collect()
     }
@@ -143,7 +161,9 @@ fn unit_name(plugin: &str, by: ShardBy, k: u32, n: u32) -> String {
 pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by: ShardBy) -> Gate {
     // Settings are checked at parse (2..=MAX_SHARDS); a caller passing less gets two ranges.
     let n = n.clamp(2, crate::engine::shard::MAX_SHARDS);
+    let layout = super::layouts::layout(n, by);
     let mut units = Vec::with_capacity(n as usize);
+    let agreed;
     {
         let mut map = leases.leases.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, l| l.strong_count() > 0);
@@ -153,13 +173,20 @@ pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by:
                 &unit_name(plugin, by, k, n),
                 plugin,
                 &format!("{}-shard-{by}-{k}-of-{n}", leases.lease_name(plugin)),
+                Some(&layout),
             );
             units.push(Unit {
                 index: k as usize,
                 range,
                 lease,
                 open: leases.open.clone(),
+                agreed: watch::channel(None).1,
             });
+        }
+        // After the joins: the layout is registered.
+        agreed = leases.shares.layouts().agreement(plugin, &layout);
+        for u in &mut units {
+            u.agreed = agreed.clone();
         }
     }
     let held_any = any_of(units.iter().map(Unit::taking_changes).collect());
@@ -170,7 +197,7 @@ pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by:
         in_flight: Arc::default(),
         leader: None,
         _lease: None,
-        sharding: Some(Arc::new(Sharding { by, units })),
+        sharding: Some(Arc::new(Sharding { by, units, agreed })),
     }
 }
 

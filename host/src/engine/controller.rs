@@ -167,6 +167,9 @@ pub struct ShardsDebug {
     pub count: usize,
     /// The indexes of the ranges this replica holds.
     pub held: Vec<usize>,
+    /// Whether every replica running the plugin runs this layout (`count` and `by`): until they
+    /// agree, no replica reconciles its keys.
+    pub agreed: bool,
     /// Each range's Lease holder, as this replica last read it.
     pub holders: Vec<Option<String>>,
     /// "api-server": the API server lists and watches only the held ranges' primaries for this
@@ -581,6 +584,7 @@ impl Controller {
                     by: s.by,
                     count: s.units.len(),
                     held: s.held(),
+                    agreed: s.agreed(),
                     holders: s.units.iter().map(|u| u.leader()).collect(),
                     filter: if sharded_primary.is_some() {
                         "api-server"
@@ -591,7 +595,7 @@ impl Controller {
                     listing: covered.map_or_else(Vec::new, |covered| {
                         s.units
                             .iter()
-                            .filter(|u| u.is_taking() && !covered.contains(&u.range))
+                            .filter(|u| u.holds() && !covered.contains(&u.range))
                             .map(|u| u.index)
                             .collect()
                     }),

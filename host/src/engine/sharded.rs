@@ -263,6 +263,8 @@ impl KeyShards {
             .map(|u| Some(u.taking_changes()))
             .collect();
         let mut covered = self.covered.clone();
+        // The replicas agreeing on the layout again makes every held range ready again.
+        let mut agreed = Some(self.sharding.agreed.clone());
         let mut was_ready = vec![false; changes.len()];
         // The first look queues every ready range, as a taking change would.
         let mut taken: Vec<usize> = (0..changes.len()).collect();
@@ -286,6 +288,9 @@ impl KeyShards {
             if let Some(c) = covered.as_mut() {
                 c.borrow_and_update();
             }
+            if let Some(a) = agreed.as_mut() {
+                a.borrow_and_update();
+            }
             // A range whose elector is gone (the plugin stopping) is watched no more.
             if changes.iter().all(Option::is_none) {
                 return;
@@ -300,13 +305,28 @@ impl KeyShards {
                     None => std::future::pending().await,
                 }
             };
+            let agreed_changed = async {
+                match agreed.as_mut() {
+                    Some(a) => a.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             taken.clear();
             // Which range's taking changed (and whether its elector is still there), or None for
-            // the covered ranges (and whether their stream is still there).
-            let (which, open) = tokio::select! {
-                ((i, open), _, _) = futures::future::select_all(waits) => (Some(i), open),
-                open = covered_changed => (None, open),
+            // the covered ranges (and whether their stream is still there) or the agreement.
+            // The agreement: whether it changed, and whether its sender is still there.
+            let (which, open, agreement) = tokio::select! {
+                ((i, open), _, _) = futures::future::select_all(waits) => (Some(i), open, None),
+                open = covered_changed => (None, open, None),
+                open = agreed_changed => (None, true, Some(open)),
             };
+            match agreement {
+                // Every ready range is queued again: the keys dropped while the replicas
+                // disagreed (even if they agreed again before this look) are reconciled.
+                Some(true) => taken.extend(0..changes.len()),
+                Some(false) => agreed = None,
+                None => {}
+            }
             match (which, open) {
                 (Some(i), true) => taken.push(i),
                 (Some(i), false) => changes[i] = None,

@@ -4,6 +4,7 @@
 
 pub mod deploying;
 pub mod objects;
+pub mod stamper;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};

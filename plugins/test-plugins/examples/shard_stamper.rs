@@ -4,6 +4,9 @@
 //! `wcm.test/at` = the reconcile's start (milliseconds since the Unix epoch). With `burn_k` set,
 //! each reconcile first does that many thousand steps of arithmetic: a fixed amount of CPU work,
 //! whatever the CPU quota (the sharding benchmark's ~1 ms plugin; it measures the CPU it takes).
+//! A deletion reconcile (no object) reads the ConfigMap by name, as a plugin about to clean up
+//! after an object makes sure it is gone: the API server's audit log shows which replica
+//! reconciled which key as deleted.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,7 +21,7 @@ struct ShardStamper;
 impl Reconciler for ShardStamper {
     fn describe() -> Description {
         test_plugins::configmap_plugin("shard-stamper")
-            .permission(Permission::of::<ConfigMap>(&["patch"]))
+            .permission(Permission::of::<ConfigMap>(&["get", "patch"]))
     }
 
     fn reconcile(ctx: &Context, req: Request) -> Result<Action, Error> {
@@ -26,6 +29,8 @@ impl Reconciler for ShardStamper {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
         let Some(cm) = req.object::<ConfigMap>()? else {
+            ctx.api_namespaced::<ConfigMap>(req.namespace().unwrap_or_default())
+                .get_opt(req.name())?;
             return Ok(Action::done());
         };
         if let Some(k) = ctx.config_parse::<u64>("burn_k")? {
