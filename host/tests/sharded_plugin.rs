@@ -546,10 +546,11 @@ fn range_of(uid: &str, shards: usize) -> Result<usize> {
         .context("a hash outside every range")
 }
 
-/// The replica holding the range of `cms`' object `name` now, and the object's UID.
+/// The replica holding the range of `cms`' object `name` (by the range `owners`), and the
+/// object's UID.
 async fn holder_of(
     cms: &Api<ConfigMap>,
-    leases: &Api<Lease>,
+    owners: &[String],
     name: &str,
 ) -> Result<(String, String)> {
     let uid = cms
@@ -558,8 +559,37 @@ async fn holder_of(
         .metadata
         .uid
         .context("an object without a UID")?;
-    let owners = range_owners(leases, SHARDS).await?;
-    Ok((owners[range_of(&uid, SHARDS)?].clone(), uid))
+    Ok((owners[range_of(&uid, owners.len())?].clone(), uid))
+}
+
+/// Whether no range Lease of a layout of `shards` is held: each has no holder, or expired (a
+/// release that left writes in flight leaves its Lease to expire).
+async fn layout_free(leases: &Api<Lease>, shards: usize) -> Result<bool> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for k in 0..shards {
+        let Some(spec) = leases
+            .get_opt(&stamper::range_lease(k, shards))
+            .await?
+            .and_then(|l| l.spec)
+        else {
+            continue;
+        };
+        let held = spec
+            .holder_identity
+            .as_deref()
+            .is_some_and(|h| !h.is_empty());
+        let until = spec
+            .renew_time
+            .zip(spec.lease_duration_seconds)
+            .and_then(|(t, d)| {
+                t.0.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(d)))
+                    .ok()
+            });
+        if held && until.is_none_or(|u| u > now) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The host's reads (as the host, not as the plugin) of ConfigMap `name` by name (a list with
@@ -634,9 +664,10 @@ async fn a_primary_made_again_in_another_range_and_a_new_shards_count() -> Resul
     .await?;
 
     // Two spares in the first replica's ranges: `x` is made again, `y` (the control) is not.
+    let owners = range_owners(&leases, SHARDS).await?;
     let mut in_first = Vec::new();
     for s in &spares {
-        if holder_of(&cms, &leases, s).await?.0 == "first" {
+        if holder_of(&cms, &owners, s).await?.0 == "first" {
             in_first.push(s.clone());
         }
     }
@@ -657,7 +688,7 @@ async fn a_primary_made_again_in_another_range_and_a_new_shards_count() -> Resul
     for _ in 0..30 {
         let at = env.audit_mark()?;
         cms.create(&PostParams::default(), &configmap(x)?).await?;
-        let (holder, uid) = holder_of(&cms, &leases, x).await?;
+        let (holder, uid) = holder_of(&cms, &owners, x).await?;
         if holder == "second" {
             remade = Some((at, uid));
             break;
@@ -756,11 +787,10 @@ async fn a_primary_made_again_in_another_range_and_a_new_shards_count() -> Resul
         Duration::from_secs(90),
         || async {
             let new = range_holders(&leases, NEW).await?;
-            let old = range_owners(&leases, SHARDS).await?;
             Ok((new.get("first") == Some(&2)
                 && new.get("second") == Some(&2)
-                && old.iter().all(String::is_empty))
-            .then_some(()))
+                && layout_free(&leases, SHARDS).await?)
+                .then_some(()))
         },
     )
     .await?;

@@ -149,7 +149,8 @@ pub struct PluginLeases {
     /// Each election of a plugin on this replica gets a new generation (and identity), so the
     /// release of a stopped one can never touch its successor's Lease or entries.
     generations: std::sync::atomic::AtomicU64,
-    member: Mutex<Option<(JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>>,
+    /// The membership task, and its stop (true: delete the membership Lease on the way out).
+    member: Mutex<Option<(JoinHandle<()>, tokio::sync::oneshot::Sender<bool>)>>,
 }
 
 /// What the fair share is computed from.
@@ -201,6 +202,8 @@ struct Share {
     /// on it ([`super::layouts`]).
     layout: Option<String>,
     shares: Arc<Shares>,
+    /// How long a lapsed agreement still keeps the range Leases (half a renew deadline).
+    grace: Duration,
 }
 
 impl Share {
@@ -208,6 +211,13 @@ impl Share {
         self.layout
             .as_ref()
             .is_none_or(|l| self.shares.layouts().agreed(&self.pool, l))
+    }
+
+    /// A range's Lease is kept through a slow membership round, not through a disagreement.
+    fn kept(&self) -> bool {
+        self.layout
+            .as_ref()
+            .is_none_or(|l| self.shares.layouts().keeps(&self.pool, l, self.grace))
     }
 }
 
@@ -220,7 +230,7 @@ impl LeasePolicy for Share {
     fn should_release(&self) -> bool {
         let (held, share, names) = self.shares.counts(&self.pool);
         // The Leases past the share, by name: every replica picks the same ones to give up.
-        (held > share && names.iter().skip(share).any(|p| *p == self.plugin)) || !self.agreed()
+        (held > share && names.iter().skip(share).any(|p| *p == self.plugin)) || !self.kept()
     }
 
     fn busy(&self) -> bool {
@@ -435,6 +445,7 @@ impl PluginLeases {
             pool: pool.to_string(),
             layout: layout.map(str::to_string),
             shares: self.shares.clone(),
+            grace: self.settings.renew_deadline / 2,
         });
         // The settings were checked when the leases started; a failure here cannot happen, but
         // if it did the plugin would stay a standby rather than take the manager down.
@@ -506,11 +517,13 @@ impl PluginLeases {
             .drain()
             .map(|(_, (_, l))| l)
             .collect();
+        let tenures: Vec<Arc<Tenure>> = electors.iter().map(Leadership::tenure).collect();
         let releases: Vec<_> = electors.into_iter().map(Leadership::release).collect();
         futures::future::join_all(releases).await;
+        let clean = tenures.iter().all(|t| t.writes() == 0);
         let member = self.member.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((task, stop)) = member {
-            let _ = stop.send(());
+            let _ = stop.send(clean);
             let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
         }
     }
@@ -557,9 +570,10 @@ struct Membership {
     counting: Trouble,
     /// By sharded plugin, the layouts last warned of as differing between the replicas.
     disagreeing: BTreeMap<String, String>,
-    /// Each peer's announcement of its sharded layouts, and when its Lease last changed: kept
-    /// for [`Membership::hold`] after that, live or not, listed or not.
-    announced: HashMap<String, (String, Instant)>,
+    /// Each peer's announcement of its sharded layouts (read: None when past the bounds), and
+    /// when its Lease last changed: kept for [`Membership::hold`] after that, live or not,
+    /// listed or not.
+    announced: HashMap<String, (Option<super::layouts::Announced>, Instant)>,
 }
 
 /// `call`, cut at `limit` (each membership call has half the round), so a call that hangs is a
@@ -597,12 +611,19 @@ impl Trouble {
 }
 
 impl Membership {
-    async fn run(mut self, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+    async fn run(mut self, mut stopped: tokio::sync::oneshot::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.settings.retry_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = &mut stopped => break,
+                leave = &mut stopped => {
+                    if leave.unwrap_or(true) {
+                        break;
+                    }
+                    // Writes still in flight on a sharded layout: the Lease (and its
+                    // announcement) is left to expire, so peers and newcomers still read it.
+                    return;
+                }
                 _ = tick.tick() => {}
             }
             let deadline = self.settings.renew_deadline;
@@ -724,6 +745,8 @@ impl Membership {
         let mut live = 1;
         let mut present = Vec::new();
         let mut live_peers = Vec::new();
+        let mut gone = Vec::new();
+        let hold = self.hold();
         for lease in list.items {
             let (Some(name), Some(rv)) = (lease.metadata.name, lease.metadata.resource_version)
             else {
@@ -746,22 +769,18 @@ impl Membership {
             if name == self.name {
                 continue;
             }
-            self.announced.insert(name.clone(), (layouts, entry.1));
+            let announces = !layouts.is_empty();
+            self.announced
+                .insert(name.clone(), (super::layouts::parse(&layouts), entry.1));
             if since <= self.settings.lease_duration {
                 live += 1;
                 live_peers.push(name.clone());
-            } else {
+            } else if !announces || since > hold {
                 // Gone (killed, never left): removed, unless renewed meanwhile, so a replica that
                 // joins later does not count it for another lease duration. A member that was
-                // only cut off makes its Lease again at its next renewal.
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        resource_version: Some(rv),
-                        uid: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                let _ = self.leases.delete(&name, &dp).await;
+                // only cut off makes its Lease again at its next renewal. One announcing sharded
+                // layouts stays for the hold, so a replica that starts meanwhile reads them too.
+                gone.push((name.clone(), rv));
             }
         }
         self.seen.retain(|n, _| present.contains(n));
@@ -771,15 +790,30 @@ impl Membership {
         }
         // A peer's announcement is kept for the hold after its last change, whether its Lease
         // expired or went: until then it may still be reconciling on its layout.
-        let hold = self.hold();
         self.announced
             .retain(|_, (_, changed)| changed.elapsed() <= hold);
         self.agree(basis, &live_peers);
+        for (name, rv) in gone {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: Some(rv),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let _ = within(
+                self.settings.renew_deadline / 4,
+                self.leases.delete(&name, &dp),
+            )
+            .await;
+        }
     }
 
-    /// How long a peer's announcement is kept after its Lease last changed: past the lease
-    /// duration after which the peer itself stops taking keys on an agreement, the hand-over of
-    /// its ranges (half a renew deadline) and its writes' last tenure (a renew deadline), twice.
+    /// How long a peer's announcement is kept after its Lease last changed. The peer stops taking
+    /// keys a lease duration after its last renewal's send; it keeps its range Leases half a
+    /// renew deadline more, notices at its next step (a retry period), waits at most half a
+    /// renew deadline for reconciles in flight, and its writes end by a renew deadline after its
+    /// last range renewal: `lease + 2 × renew + retry`, below this hold by `lease − retry`.
     fn hold(&self) -> Duration {
         2 * (self.settings.lease_duration + self.settings.renew_deadline)
     }
@@ -792,8 +826,8 @@ impl Membership {
             basis,
             self.announced
                 .iter()
-                .map(|(name, (text, _))| super::layouts::Peer {
-                    text,
+                .map(|(name, (announced, _))| super::layouts::Peer {
+                    announced: announced.as_ref(),
                     live: live_peers.contains(name),
                 }),
         );
@@ -829,8 +863,9 @@ impl Membership {
                 );
             }
         }
+        let running = self.shares.layouts().plugins();
         for plugin in self.disagreeing.keys().filter(|p| !p.is_empty()) {
-            if !now.contains_key(plugin) {
+            if !now.contains_key(plugin) && running.contains(plugin) {
                 tracing::info!(
                     plugin,
                     "the replicas run one layout of this sharded plugin again"

@@ -14,8 +14,11 @@
 //! membership is not renewed (stalled, cut off) stops taking the keys and gives its ranges up
 //! before its peers stop reading its announcement, which they keep for
 //! `2 × (lease duration + renew deadline)` after its last change, whether its Lease expired or
-//! was deleted. A replica not agreed takes no range Lease and gives up those it holds, through the
-//! usual hand-over (in-flight reconciles, then writes, then the release). A layout leaves the
+//! was deleted (an expired membership Lease that announces layouts is deleted only after that
+//! hold, so a replica started meanwhile reads it too). A replica not agreed takes no range Lease
+//! and gives up those it holds, through the usual hand-over (in-flight reconciles, then writes,
+//! then the release): at once when a peer runs another layout, half a renew deadline after a
+//! lapse (a slow round). A layout leaves the
 //! announcement only once its range Leases are released with their writes ended, or a lease
 //! duration after a release that left writes in flight. So of two replicas on two layouts, the
 //! one whose count came later saw the other's layout (each wrote before it read): neither takes
@@ -65,10 +68,13 @@ fn entry(s: &str) -> Option<(String, String)> {
     Some((plugin.to_string(), layout(n, by)))
 }
 
+/// A peer's announcement as read: by plugin, its layouts.
+pub type Announced = BTreeMap<String, BTreeSet<String>>;
+
 /// A peer's announcement, read strictly: by plugin, its layouts. An entry of another form is
 /// ignored (a later version may announce more); one past the bounds makes the whole announcement
 /// unreadable (None), which agrees with no layout.
-pub fn parse(text: &str) -> Option<BTreeMap<String, BTreeSet<String>>> {
+pub fn parse(text: &str) -> Option<Announced> {
     if text.len() > MAX_TEXT || text.split(',').nth(MAX_ENTRIES).is_some() {
         return None;
     }
@@ -110,8 +116,8 @@ pub struct Layouts {
 
 /// What one count saw of a peer.
 pub struct Peer<'a> {
-    /// Its announcement.
-    pub text: &'a str,
+    /// Its announcement, as read (None: past the bounds).
+    pub announced: Option<&'a Announced>,
     /// Its membership is live (it counts in the shares); else it is only held.
     pub live: bool,
 }
@@ -205,14 +211,14 @@ impl Layouts {
         let mut view: BTreeMap<String, (usize, BTreeSet<String>)> = BTreeMap::new();
         self.unreadable = false;
         for peer in peers {
-            let Some(announced) = parse(peer.text) else {
+            let Some(announced) = peer.announced else {
                 self.unreadable = true;
                 continue;
             };
             for (plugin, layouts) in announced {
-                let v = view.entry(plugin).or_default();
+                let v = view.entry(plugin.clone()).or_default();
                 v.0 += usize::from(peer.live);
-                v.1.extend(layouts);
+                v.1.extend(layouts.iter().cloned());
             }
         }
         self.peers = view;
@@ -248,6 +254,16 @@ impl Layouts {
     /// Whether this replica may take keys of `plugin` on `layout` now.
     pub fn agreed(&self, plugin: &str, layout: &str) -> bool {
         holds(self.agreed_until(plugin, layout), Instant::now())
+    }
+
+    /// Whether this replica keeps its range Leases of `plugin` on `layout`: agreed, or an
+    /// agreement that lapsed less than `grace` ago (a slow round; no key is taken meanwhile). A
+    /// layout the peers disagree with is given up at once.
+    pub fn keeps(&self, plugin: &str, layout: &str, grace: Duration) -> bool {
+        holds(
+            self.agreed_until(plugin, layout).map(|u| u + grace),
+            Instant::now(),
+        )
     }
 
     /// Follows until when this replica may take keys of `plugin` on `layout`. Its receivers are
@@ -300,15 +316,24 @@ impl Layouts {
 mod tests {
     use super::*;
 
-    fn live(text: &str) -> Peer<'_> {
-        Peer { text, live: true }
-    }
-
-    /// Writes this replica's announcement (sent now), then counts `peers`.
-    fn round<'a>(l: &mut Layouts, peers: impl IntoIterator<Item = Peer<'a>>) {
+    /// Writes this replica's announcement (sent now), then counts the peers: each announcement
+    /// and whether it is live.
+    fn round(l: &mut Layouts, peers: &[(&str, bool)]) {
         let (_, generations) = l.announcement();
         l.written(generations, Instant::now());
-        l.counted(l.count_basis(), peers);
+        count(l, peers);
+    }
+
+    fn count(l: &mut Layouts, peers: &[(&str, bool)]) {
+        let read: Vec<(Option<Announced>, bool)> =
+            peers.iter().map(|(t, live)| (parse(t), *live)).collect();
+        l.counted(
+            l.count_basis(),
+            read.iter().map(|(a, live)| Peer {
+                announced: a.as_ref(),
+                live: *live,
+            }),
+        );
     }
 
     #[test]
@@ -355,9 +380,16 @@ mod tests {
         // A count that began before the write does not count.
         let basis = l.count_basis();
         l.written(generations, Instant::now());
-        l.counted(basis, [live("p=12/uid")]);
+        let a = parse("p=12/uid");
+        l.counted(
+            basis,
+            [Peer {
+                announced: a.as_ref(),
+                live: true,
+            }],
+        );
         assert!(!now());
-        l.counted(l.count_basis(), [live("p=12/uid"), live("q=4/uid")]);
+        count(&mut l, &[("p=12/uid", true), ("q=4/uid", true)]);
         assert!(now(), "written, then every peer seen on it");
         assert!(l.agreed("p", "12/uid"));
         assert_eq!(l.peers_running("p"), 1);
@@ -365,31 +397,25 @@ mod tests {
         assert_eq!(l.disagreement("p"), None);
 
         // A peer on another layout: no keys here until it moves.
-        round(&mut l, [live("p=4/uid")]);
+        round(&mut l, &[("p=4/uid", true)]);
         assert!(!now());
         assert_eq!(
             l.disagreement("p"),
             Some((vec!["12/uid".into()], vec!["4/uid".into()]))
         );
-        round(&mut l, [live("p=12/uid"), live("other=4/uid")]);
+        round(&mut l, &[("p=12/uid", true), ("other=4/uid", true)]);
         assert!(now());
 
         // A peer gone (its membership expired or deleted) but still held: its layout still
         // counts, though it no longer runs the plugin in the shares.
-        round(
-            &mut l,
-            [Peer {
-                text: "p=4/uid",
-                live: false,
-            }],
-        );
+        round(&mut l, &[("p=4/uid", false)]);
         assert!(!now());
         assert_eq!(l.peers_running("p"), 0);
         // An unreadable announcement agrees with nothing.
-        round(&mut l, [live(&"p=12/uid,".repeat(MAX_TEXT))]);
+        round(&mut l, &[(&"p=12/uid,".repeat(MAX_TEXT), true)]);
         assert!(!now());
         assert!(l.unreadable());
-        round(&mut l, [live("p=12/uid")]);
+        round(&mut l, &[("p=12/uid", true)]);
         assert!(now());
 
         // This replica reloads onto 4/uid: both of its layouts stop at once, and the new one
@@ -402,11 +428,11 @@ mod tests {
         assert!(!now(), "one of two elections of 12/uid is left");
         l.unregister("p", "12/uid");
         assert_eq!(l.announcement().0, "p=4/uid");
-        l.counted(l.count_basis(), [live("")]);
+        count(&mut l, &[("", true)]);
         assert!(!new_now(), "the new layout is not written yet");
-        round(&mut l, [live("p=12/uid")]);
+        round(&mut l, &[("p=12/uid", true)]);
         assert!(!new_now(), "the peer is still on the old layout");
-        round(&mut l, [live("p=4/uid"), live("")]);
+        round(&mut l, &[("p=4/uid", true), ("", true)]);
         assert!(new_now());
 
         // Another plugin's change does not stop this one.
@@ -426,16 +452,21 @@ mod tests {
             generations.clone(),
             Instant::now() - Duration::from_secs(16),
         );
-        l.counted(l.count_basis(), [live("p=4/uid")]);
+        count(&mut l, &[("p=4/uid", true)]);
         assert!(
             agreed.borrow().is_some(),
             "agreed until a moment in the past"
         );
         assert!(!holds(*agreed.borrow(), Instant::now()));
         assert!(!l.agreed("p", "4/uid"));
+        assert!(!l.keeps("p", "4/uid", Duration::from_millis(500)));
+        assert!(
+            l.keeps("p", "4/uid", Duration::from_secs(2)),
+            "within the grace"
+        );
         // A renewal sent 10 s ago: it holds for 5 s more.
         l.written(generations, Instant::now() - Duration::from_secs(10));
-        l.counted(l.count_basis(), [live("p=4/uid")]);
+        count(&mut l, &[("p=4/uid", true)]);
         let until = agreed.borrow().expect("agreed");
         assert!(until > Instant::now() + Duration::from_secs(4));
         assert!(until <= Instant::now() + Duration::from_secs(5));

@@ -269,6 +269,14 @@ impl KeyShards {
         // The first look queues every ready range, as a taking change would.
         let mut taken: Vec<usize> = (0..changes.len()).collect();
         loop {
+            // Every watched channel is marked seen before readiness is read, so a change made
+            // while this look runs wakes the next one.
+            if let Some(c) = covered.as_mut() {
+                c.borrow_and_update();
+            }
+            if let Some(a) = agreed.as_mut() {
+                a.borrow_and_update();
+            }
             for (i, t) in changes.iter_mut().enumerate() {
                 if let Some(t) = t {
                     t.borrow_and_update();
@@ -284,12 +292,6 @@ impl KeyShards {
                     );
                 }
                 was_ready[i] = ready;
-            }
-            if let Some(c) = covered.as_mut() {
-                c.borrow_and_update();
-            }
-            if let Some(a) = agreed.as_mut() {
-                a.borrow_and_update();
             }
             // A range whose elector is gone (the plugin stopping) is watched no more.
             if changes.iter().all(Option::is_none) {
