@@ -162,6 +162,9 @@ pub(super) struct Shares {
     plugins: Mutex<BTreeMap<String, Member>>,
     /// The sharded plugins' layouts, here and on the peers.
     pub(super) layouts: Mutex<super::layouts::Layouts>,
+    /// Range releases that left writes in flight and still announce their layout: a stop does
+    /// not delete the membership Lease (and its announcement) while any is pending.
+    dirty_releases: AtomicUsize,
 }
 
 /// A unit in the shares: the generation of its election on this replica, whether this replica
@@ -231,6 +234,12 @@ impl LeasePolicy for Share {
         let (held, share, names) = self.shares.counts(&self.pool);
         // The Leases past the share, by name: every replica picks the same ones to give up.
         (held > share && names.iter().skip(share).any(|p| *p == self.plugin)) || !self.kept()
+    }
+
+    /// A range given up because its layout is no longer agreed is not renewed meanwhile: its
+    /// writes end by the renew deadline after the last renewal, within the peers' hold.
+    fn renews_while_shedding(&self) -> bool {
+        self.kept()
     }
 
     fn busy(&self) -> bool {
@@ -310,9 +319,15 @@ impl Drop for PluginLease {
                     // Writes still in flight (the Lease left to expire instead): the layout
                     // stays announced until the Lease has expired.
                     if tenure.writes() > 0
-                        && let Some(wait) = owner.upgrade().map(|o| o.settings.lease_duration)
+                        && let Some(o) = owner.upgrade()
                     {
+                        let wait = o.settings.lease_duration;
+                        o.shares.dirty_releases.fetch_add(1, Ordering::SeqCst);
+                        drop(o);
                         tokio::time::sleep(wait).await;
+                        if let Some(o) = owner.upgrade() {
+                            o.shares.dirty_releases.fetch_sub(1, Ordering::SeqCst);
+                        }
                     }
                     // The plugin's status series goes with its election, unless a successor
                     // joined meanwhile (it sets its series once it is in the map: both under
@@ -345,6 +360,7 @@ impl PluginLeases {
             members: AtomicUsize::new(1),
             plugins: Mutex::default(),
             layouts: Mutex::new(super::layouts::Layouts::new(settings.lease_duration)),
+            dirty_releases: AtomicUsize::new(0),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let member = Membership {
@@ -520,7 +536,10 @@ impl PluginLeases {
         let tenures: Vec<Arc<Tenure>> = electors.iter().map(Leadership::tenure).collect();
         let releases: Vec<_> = electors.into_iter().map(Leadership::release).collect();
         futures::future::join_all(releases).await;
-        let clean = tenures.iter().all(|t| t.writes() == 0);
+        // Writes still in flight (under any Lease), or a range release that left some: the
+        // membership Lease is left to expire, its announcement still read by peers.
+        let clean = tenures.iter().all(|t| t.writes() == 0)
+            && self.shares.dirty_releases.load(Ordering::SeqCst) == 0;
         let member = self.member.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((task, stop)) = member {
             let _ = stop.send(clean);
@@ -620,8 +639,8 @@ impl Membership {
                     if leave.unwrap_or(true) {
                         break;
                     }
-                    // Writes still in flight on a sharded layout: the Lease (and its
-                    // announcement) is left to expire, so peers and newcomers still read it.
+                    // Writes still in flight: the Lease (and any announcement of sharded
+                    // layouts) is left to expire, so peers and newcomers still read it.
                     return;
                 }
                 _ = tick.tick() => {}

@@ -18,7 +18,8 @@
 //! hold, so a replica started meanwhile reads it too). A replica not agreed takes no range Lease
 //! and gives up those it holds, through the usual hand-over (in-flight reconciles, then writes,
 //! then the release): at once when a peer runs another layout, half a renew deadline after a
-//! lapse (a slow round). A layout leaves the
+//! lapse (a slow round). A range given up so is not renewed while its reconciles finish, so its
+//! writes end a renew deadline after its last renewal, within the peers' hold. A layout leaves the
 //! announcement only once its range Leases are released with their writes ended, or a lease
 //! duration after a release that left writes in flight. So of two replicas on two layouts, the
 //! one whose count came later saw the other's layout (each wrote before it read): neither takes

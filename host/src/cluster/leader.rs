@@ -84,6 +84,12 @@ pub trait LeasePolicy: Send + Sync {
     /// Whether reconciles under this Lease are still running: a Lease being given up is released
     /// once they are done (or at the renew deadline).
     fn busy(&self) -> bool;
+    /// Whether a Lease being given up is still renewed while its reconciles finish. False where
+    /// the reason to give it up bounds how long its writes may go on (a sharded plugin's layout
+    /// no longer agreed): the tenure then runs out at the renew deadline after the last renewal.
+    fn renews_while_shedding(&self) -> bool {
+        true
+    }
 }
 
 /// A replica's place in the election: a standby until it holds the Lease.
@@ -363,6 +369,9 @@ impl Elector {
                     self.set_leading(false);
                     self.shedding = None;
                     self.release().await;
+                    return;
+                }
+                if !p.renews_while_shedding() {
                     return;
                 }
             }
