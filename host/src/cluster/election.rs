@@ -372,6 +372,7 @@ impl PluginLeases {
             renewing: Trouble::default(),
             counting: Trouble::default(),
             disagreeing: BTreeMap::new(),
+            unreadable: false,
             announced: HashMap::new(),
         };
         let task = tokio::spawn(member.run(stopped));
@@ -589,6 +590,8 @@ struct Membership {
     counting: Trouble,
     /// By sharded plugin, the layouts last warned of as differing between the replicas.
     disagreeing: BTreeMap<String, String>,
+    /// Whether an unreadable announcement was last warned of.
+    unreadable: bool,
     /// Each peer's announcement of its sharded layouts (read: None when past the bounds), and
     /// when its Lease last changed: kept for [`Membership::hold`] after that, live or not,
     /// listed or not.
@@ -850,11 +853,12 @@ impl Membership {
                     live: live_peers.contains(name),
                 }),
         );
+        let running = layouts.plugins();
         let mut now = BTreeMap::new();
-        for plugin in layouts.plugins() {
-            if let Some((here, peers)) = layouts.disagreement(&plugin) {
+        for plugin in &running {
+            if let Some((here, peers)) = layouts.disagreement(plugin) {
                 now.insert(
-                    plugin,
+                    plugin.clone(),
                     format!(
                         "{} here, {} on peers",
                         here.join(" and "),
@@ -863,17 +867,16 @@ impl Membership {
                 );
             }
         }
-        if layouts.unreadable() && !self.disagreeing.contains_key("") {
+        let unreadable = layouts.unreadable();
+        drop(layouts);
+        if unreadable && !self.unreadable {
             tracing::warn!(
                 "a membership Lease announces more sharded layouts than a replica reads (over \
                  512 entries or 64 KiB): no sharded plugin reconciles its keys while it is there"
             );
         }
-        if layouts.unreadable() {
-            now.insert(String::new(), String::new());
-        }
-        drop(layouts);
-        for (plugin, what) in now.iter().filter(|(p, _)| !p.is_empty()) {
+        self.unreadable = unreadable;
+        for (plugin, what) in &now {
             if self.disagreeing.get(plugin) != Some(what) {
                 tracing::warn!(
                     plugin,
@@ -882,8 +885,7 @@ impl Membership {
                 );
             }
         }
-        let running = self.shares.layouts().plugins();
-        for plugin in self.disagreeing.keys().filter(|p| !p.is_empty()) {
+        for plugin in self.disagreeing.keys() {
             if !now.contains_key(plugin) && running.contains(plugin) {
                 tracing::info!(
                     plugin,

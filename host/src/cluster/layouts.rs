@@ -79,7 +79,7 @@ pub fn parse(text: &str) -> Option<Announced> {
     if text.len() > MAX_TEXT || text.split(',').nth(MAX_ENTRIES).is_some() {
         return None;
     }
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut out = Announced::new();
     for (plugin, l) in text.split(',').filter_map(entry) {
         out.entry(plugin).or_default().insert(l);
     }
@@ -169,8 +169,6 @@ impl Layouts {
         if layouts.is_empty() {
             self.local.remove(plugin);
         }
-        self.agreement
-            .retain(|(p, l), tx| !(p == plugin && l == layout) || tx.receiver_count() > 0);
         self.changed(plugin);
     }
 
@@ -254,7 +252,7 @@ impl Layouts {
 
     /// Whether this replica may take keys of `plugin` on `layout` now.
     pub fn agreed(&self, plugin: &str, layout: &str) -> bool {
-        holds(self.agreed_until(plugin, layout), Instant::now())
+        self.keeps(plugin, layout, Duration::ZERO)
     }
 
     /// Whether this replica keeps its range Leases of `plugin` on `layout`: agreed, or an

@@ -77,9 +77,7 @@ impl Sharding {
     pub fn agreed(&self) -> bool {
         super::layouts::holds(*self.agreed.borrow(), tokio::time::Instant::now())
     }
-}
 
-impl Sharding {
     /// The range a hash falls in.
     pub fn unit(&self, hash: u64) -> Option<&Unit> {
         self.units.iter().find(|u| u.range.contains(hash))
@@ -162,8 +160,9 @@ pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by:
     // Settings are checked at parse (2..=MAX_SHARDS); a caller passing less gets two ranges.
     let n = n.clamp(2, crate::engine::shard::MAX_SHARDS);
     let layout = super::layouts::layout(n, by);
+    // Followed from before the joins: each join registers the layout and updates it.
+    let agreed = leases.shares.layouts().agreement(plugin, &layout);
     let mut units = Vec::with_capacity(n as usize);
-    let agreed;
     {
         let mut map = leases.leases.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, l| l.strong_count() > 0);
@@ -180,13 +179,8 @@ pub(super) fn sharded_gate(leases: &Arc<PluginLeases>, plugin: &str, n: u32, by:
                 range,
                 lease,
                 open: leases.open.clone(),
-                agreed: watch::channel(None).1,
+                agreed: agreed.clone(),
             });
-        }
-        // After the joins: the layout is registered.
-        agreed = leases.shares.layouts().agreement(plugin, &layout);
-        for u in &mut units {
-            u.agreed = agreed.clone();
         }
     }
     let held_any = any_of(units.iter().map(Unit::taking_changes).collect());
