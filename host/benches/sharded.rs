@@ -298,6 +298,22 @@ fn reconciles_since_swap(log: &Path) -> (usize, f64, f64) {
     (starts.len(), first, last)
 }
 
+/// The most ranges a replica held at once, from its log (each range's elector logs when it
+/// starts and stops leading).
+fn most_ranges_held(log: &Path) -> usize {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let (mut now, mut most) = (0usize, 0usize);
+    for l in text.lines().filter(|l| l.contains("-shard-")) {
+        if l.contains("not leading: reconciling nothing") {
+            now = now.saturating_sub(1);
+        } else if l.contains("leading: reconciling") {
+            now += 1;
+            most = most.max(now);
+        }
+    }
+    most
+}
+
 /// One round: every replica's settings change at once. Each replica's rate while busy (its
 /// reconciles of the round over the time from its first to its last reconcile start, from its
 /// log), and the round's rate by the wall clock (every reconcile over the time from the first
@@ -373,6 +389,8 @@ struct Row {
     before_roll: Vec<f64>,
     cache: Vec<f64>,
     cached: Vec<usize>,
+    /// The most ranges each replica held at once (from its log).
+    most_held: Vec<usize>,
     cpu_ms: f64,
 }
 
@@ -518,6 +536,10 @@ async fn run() {
             for r in &replicas {
                 cached.push(r.shards().await.map_or(0, |s| s.1));
             }
+            let most_held = replicas
+                .iter()
+                .map(|r| most_ranges_held(&logs.join(format!("{}.log", r.name))))
+                .collect();
             rows.push(Row {
                 mode,
                 replicas: k,
@@ -528,6 +550,7 @@ async fn run() {
                 rss,
                 before_roll,
                 cached,
+                most_held,
                 // Everything the replicas spent in the rounds (settings reloads and idle ticks
                 // included), per reconcile.
                 cpu_ms: (cpu1 - cpu0) * 1000.0 / reconciled.max(1.0),
@@ -539,9 +562,9 @@ async fn run() {
         "\n{n} ConfigMaps (1 KiB of data each), shards = 12, burn_k = {burn_k}, {cpu} CPU per replica; base RSS (one replica, the plugin running, no object): {bases:.1?} MiB\n"
     );
     println!(
-        "| mode | replicas | throughput while busy /s | × 1 replica | by the wall clock /s | per replica /s | CPU per reconcile | RSS per replica MiB | cache MiB per replica | largest cache ÷ 1 replica's | primaries cached | RSS before the roll MiB |"
+        "| mode | replicas | throughput while busy /s | × 1 replica | by the wall clock /s | per replica /s | CPU per reconcile | RSS per replica MiB | cache MiB per replica | largest cache ÷ 1 replica's | primaries cached | most ranges held at once | RSS before the roll MiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut one: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
     let join = |v: &[String]| v.join(" / ");
     let mib = |v: &[f64]| join(&v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>());
@@ -549,7 +572,7 @@ async fn run() {
         let cache = r.cache.iter().cloned().fold(0.0, f64::max);
         let (t1, c1) = *one.entry(r.mode).or_insert((r.throughput, cache));
         println!(
-            "| {} | {} | {:.0} | {:.2}× | {:.0} | {} | {:.2} ms | {} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2}× | {:.0} | {} | {:.2} ms | {} | {} | {:.2} | {} | {} | {} |",
             r.mode,
             r.replicas,
             r.throughput,
@@ -566,6 +589,12 @@ async fn run() {
             mib(&r.cache),
             cache / c1,
             join(&r.cached.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
+            join(
+                &r.most_held
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+            ),
             mib(&r.before_roll),
         );
     }

@@ -15,7 +15,7 @@
 //!   `ceil(N / members)` of them ([`super::shards`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -167,29 +167,44 @@ pub(super) struct Shares {
     dirty_releases: AtomicUsize,
 }
 
-/// A unit in the shares: the generation of its election on this replica, whether this replica
-/// holds its Lease, its in-flight reconciles, and its pool (units are shared out within their
-/// pool: "" for whole plugins, a sharded plugin's name for its shards).
-type Member = (u64, watch::Receiver<bool>, Arc<AtomicUsize>, String);
+/// A unit in the shares.
+struct Member {
+    /// The generation of its election on this replica.
+    generation: u64,
+    /// Whether this replica holds its Lease.
+    holds: watch::Receiver<bool>,
+    /// Its elector is trying to take its Lease, with a place in the share kept for it
+    /// ([`LeasePolicy::may_acquire`] to [`LeasePolicy::attempted`]).
+    reserved: Arc<AtomicBool>,
+    /// Its in-flight reconciles.
+    in_flight: Arc<AtomicUsize>,
+    /// Units are shared out within their pool: "" for whole plugins, a sharded plugin's name
+    /// for its shards.
+    pool: String,
+}
 
 impl Shares {
-    /// How many Leases of `pool` this replica holds, how many it should, and which it holds.
-    fn counts(&self, pool: &str) -> (usize, usize, Vec<String>) {
-        // A sharded plugin's ranges are shared among the replicas that run it.
-        let members = if pool.is_empty() {
+    /// The replicas `pool` is shared out among: a sharded plugin's ranges among the replicas
+    /// that run it, whole plugins among every replica.
+    fn members_of(&self, pool: &str) -> usize {
+        if pool.is_empty() {
             self.members.load(Ordering::Relaxed).max(1)
         } else {
             1 + self.layouts().peers_running(pool)
-        };
+        }
+    }
+
+    /// How many Leases of `pool` this replica should hold, and which it holds.
+    fn counts(&self, pool: &str) -> (usize, Vec<String>) {
+        let members = self.members_of(pool);
         let plugins = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
-        let units = plugins.values().filter(|m| m.3 == pool).count();
-        let share = units.div_ceil(members);
+        let units = plugins.values().filter(|m| m.pool == pool).count();
         let held: Vec<String> = plugins
             .iter()
-            .filter(|(_, (_, holds, _, p))| p == pool && *holds.borrow())
+            .filter(|(_, m)| m.pool == pool && *m.holds.borrow())
             .map(|(p, _)| p.clone())
             .collect();
-        (held.len(), share, held)
+        (units.div_ceil(members), held)
     }
 
     pub(super) fn layouts(&self) -> std::sync::MutexGuard<'_, super::layouts::Layouts> {
@@ -207,6 +222,9 @@ struct Share {
     shares: Arc<Shares>,
     /// How long a lapsed agreement still keeps the range Leases (half a renew deadline).
     grace: Duration,
+    /// Shared with this unit's [`Member`]: a place in the share kept while the Lease is being
+    /// taken.
+    reserved: Arc<AtomicBool>,
 }
 
 impl Share {
@@ -225,15 +243,42 @@ impl Share {
 }
 
 impl LeasePolicy for Share {
+    /// Under the share counting the Leases held and those being taken, checked and kept in one
+    /// step: the electors of a pool decide at the same moment (a peer's Leases freed at once),
+    /// and each alone would see room for every free one. Taking past the share and giving the
+    /// extra back moves ranges twice, and a sharded stream lists the ones given back for
+    /// nothing.
     fn may_acquire(&self) -> bool {
-        let (held, share, _) = self.shares.counts(&self.pool);
-        held < share && self.agreed()
+        if !self.agreed() {
+            return false;
+        }
+        let members = self.shares.members_of(&self.pool);
+        let plugins = self
+            .shares
+            .plugins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut units = 0usize;
+        let mut taken = 0usize;
+        for m in plugins.values().filter(|m| m.pool == self.pool) {
+            units += 1;
+            taken += usize::from(*m.holds.borrow() || m.reserved.load(Ordering::SeqCst));
+        }
+        let room = taken < units.div_ceil(members);
+        if room {
+            self.reserved.store(true, Ordering::SeqCst);
+        }
+        room
+    }
+
+    fn attempted(&self) {
+        self.reserved.store(false, Ordering::SeqCst);
     }
 
     fn should_release(&self) -> bool {
-        let (held, share, names) = self.shares.counts(&self.pool);
+        let (share, names) = self.shares.counts(&self.pool);
         // The Leases past the share, by name: every replica picks the same ones to give up.
-        (held > share && names.iter().skip(share).any(|p| *p == self.plugin)) || !self.kept()
+        (names.len() > share && names.iter().skip(share).any(|p| *p == self.plugin)) || !self.kept()
     }
 
     /// A range given up because its layout is no longer agreed is not renewed meanwhile: its
@@ -250,7 +295,7 @@ impl LeasePolicy for Share {
             .unwrap_or_else(|p| p.into_inner());
         plugins
             .get(&self.plugin)
-            .is_some_and(|(_, _, n, _)| n.load(Ordering::SeqCst) > 0)
+            .is_some_and(|m| m.in_flight.load(Ordering::SeqCst) > 0)
     }
 }
 
@@ -298,7 +343,10 @@ impl Drop for PluginLease {
                 .plugins
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            if plugins.get(&self.plugin).is_some_and(|m| mine(m.0)) {
+            if plugins
+                .get(&self.plugin)
+                .is_some_and(|m| mine(m.generation))
+            {
                 plugins.remove(&self.plugin);
             }
         }
@@ -396,7 +444,7 @@ impl PluginLeases {
             .plugins
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        plugins.values().filter(|m| *m.1.borrow()).count()
+        plugins.values().filter(|m| *m.holds.borrow()).count()
     }
 
     fn gate(self: &Arc<Self>, plugin: &str) -> Gate {
@@ -457,7 +505,9 @@ impl PluginLeases {
             ..self.settings.clone()
         };
         let in_flight = Arc::new(AtomicUsize::new(0));
+        let reserved = Arc::new(AtomicBool::new(false));
         let policy = Arc::new(Share {
+            reserved: reserved.clone(),
             plugin: plugin.to_string(),
             pool: pool.to_string(),
             layout: layout.map(str::to_string),
@@ -489,12 +539,13 @@ impl PluginLeases {
             .unwrap_or_else(|p| p.into_inner())
             .insert(
                 plugin.to_string(),
-                (
+                Member {
                     generation,
-                    holds.clone(),
-                    in_flight.clone(),
-                    pool.to_string(),
-                ),
+                    holds: holds.clone(),
+                    reserved,
+                    in_flight: in_flight.clone(),
+                    pool: pool.to_string(),
+                },
             );
         if let Some(l) = leadership {
             // A previous elector of this plugin (its gates just went) is replaced, not leaked.
@@ -899,7 +950,82 @@ impl Membership {
 
 #[cfg(test)]
 mod tests {
-    use super::Trouble;
+    use super::*;
+
+    /// `units` units of pool `pool` in shares of `members` replicas, with their policies and the
+    /// senders of whether this replica holds each.
+    fn pool(
+        units: usize,
+        members: usize,
+        pool: &str,
+    ) -> (Arc<Shares>, Vec<(Share, watch::Sender<bool>)>) {
+        let shares = Arc::new(Shares {
+            members: AtomicUsize::new(members),
+            plugins: Mutex::default(),
+            layouts: Mutex::new(super::super::layouts::Layouts::new(Duration::from_secs(6))),
+            dirty_releases: AtomicUsize::new(0),
+        });
+        let units = (0..units)
+            .map(|i| {
+                let (holds_tx, holds) = watch::channel(false);
+                let reserved = Arc::new(AtomicBool::new(false));
+                let unit = format!("p{i}");
+                shares.plugins.lock().unwrap().insert(
+                    unit.clone(),
+                    Member {
+                        generation: 0,
+                        holds,
+                        reserved: reserved.clone(),
+                        in_flight: Arc::default(),
+                        pool: pool.to_string(),
+                    },
+                );
+                let share = Share {
+                    plugin: unit,
+                    pool: pool.to_string(),
+                    layout: None,
+                    shares: shares.clone(),
+                    grace: Duration::from_secs(2),
+                    reserved,
+                };
+                (share, holds_tx)
+            })
+            .collect();
+        (shares, units)
+    }
+
+    #[test]
+    fn electors_deciding_at_once_take_no_more_than_the_share() {
+        // 12 units over 2 replicas; this one holds 4, and the other 8 are free at once.
+        let (_shares, units) = pool(12, 2, "");
+        for (_, holds) in &units[..4] {
+            holds.send_replace(true);
+        }
+        let allowed: Vec<usize> = (4..12).filter(|&i| units[i].0.may_acquire()).collect();
+        assert_eq!(allowed, vec![4, 5], "two places left in a share of 6");
+        // A take that failed gives its place back; one that worked keeps it as held.
+        units[4].0.attempted();
+        units[5].1.send_replace(true);
+        units[5].0.attempted();
+        assert!(
+            units[6].0.may_acquire(),
+            "the failed take's place is free again"
+        );
+        assert!(!units[7].0.may_acquire(), "the share is full again");
+        // Nothing to give up: the places being taken are not held ones past the share.
+        assert!(units.iter().all(|(s, _)| !s.should_release()));
+    }
+
+    #[test]
+    fn a_replica_past_its_share_gives_up_the_same_leases_whatever_it_is_taking() {
+        let (_shares, units) = pool(4, 2, "");
+        for (_, holds) in &units[..3] {
+            holds.send_replace(true);
+        }
+        let giving: Vec<usize> = (0..4).filter(|&i| units[i].0.should_release()).collect();
+        assert_eq!(giving, vec![2], "the Leases past the share of 2, by name");
+        assert!(!units[3].0.may_acquire(), "no place while past the share");
+    }
 
     #[test]
     fn a_failure_is_new_once_and_its_end_is_noticed() {

@@ -77,8 +77,12 @@ impl LeaderSettings {
 /// Decides, for a replica that shares many Leases with its peers (one per plugin), which of them
 /// it should hold. Without one, a replica takes every Lease it can.
 pub trait LeasePolicy: Send + Sync {
-    /// Whether this replica may take this free or expired Lease now.
+    /// Whether this replica may take this free or expired Lease now. A yes keeps this Lease's
+    /// place in the share until [`LeasePolicy::attempted`], so that electors deciding at the same
+    /// moment cannot together take more than it.
     fn may_acquire(&self) -> bool;
+    /// The round that `may_acquire` allowed is over: the Lease taken (and shown as held) or not.
+    fn attempted(&self) {}
     /// Whether this replica holds more than its share and should give this Lease up.
     fn should_release(&self) -> bool;
     /// Whether reconciles under this Lease are still running: a Lease being given up is released
@@ -276,8 +280,15 @@ impl Elector {
                 .renewed
                 .is_some_and(|t| t.elapsed() < self.settings.renew_deadline);
             self.set_leading(fresh);
+            // A Lease just taken now counts as held in the shares.
+            if let Some(p) = &self.policy {
+                p.attempted();
+            }
         }
         self.set_leading(false);
+        if let Some(p) = &self.policy {
+            p.attempted();
+        }
         self.release().await;
     }
 

@@ -410,10 +410,14 @@ impl Stream {
             let follow = async {
                 match (&self.key.shard, &held) {
                     (Some(s), Some(held)) => {
-                        // What is covered now and still held stays covered meanwhile.
+                        // What is covered now and still held stays covered meanwhile. The
+                        // objects of a range given up leave the cache now, not once the list of
+                        // the ranges held is in: a range given up and one taken are never
+                        // cached together (the allocator keeps such a peak).
                         self.shared
                             .covered
                             .send_modify(|c| c.retain(|r| held.contains(r)));
+                        self.drop_left(s.by, held);
                         if held.is_empty() {
                             // No range: nothing is asked of the API server, nothing cached.
                             self.replace_all(HashMap::new(), Some((s.by, held)));
@@ -522,6 +526,16 @@ impl Stream {
                     observer.watch_error(key);
                     tracing::warn!(informer = %key, "watch error (retrying with backoff): {e}");
                 }
+            }
+        }
+    }
+
+    /// Drops the cached objects outside `held` without a deletion told: their range was given
+    /// up, they were not deleted.
+    fn drop_left(&self, by: ShardBy, held: &[Range]) {
+        for o in self.store.all() {
+            if !holds(by, held, &o.uid, o.key.namespace.as_deref()) {
+                self.store.remove(&o.key);
             }
         }
     }
