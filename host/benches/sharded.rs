@@ -27,7 +27,8 @@
 //!
 //! Run: `scripts/build-plugins && cargo bench -p wasm-controller-manager --bench sharded`, as
 //! root (cgroups), with `WCM_TESTENV_BIN` set (about 20 minutes; prints a report;
-//! docs/benchmarks.md keeps the numbers).
+//! docs/benchmarks.md keeps the numbers). `WCM_BENCH_SHARD_MODES=server-side` (or `fallback`)
+//! runs one half.
 
 mod common;
 
@@ -401,7 +402,12 @@ async fn run() {
     let pad = "x".repeat(1024);
     let mut rows = Vec::new();
     let mut bases = BTreeMap::new();
+    // `WCM_BENCH_SHARD_MODES=server-side` (or `fallback`) runs one half only.
+    let modes = std::env::var("WCM_BENCH_SHARD_MODES").unwrap_or_default();
     for (mode, gate) in [("server-side", true), ("fallback", false)] {
+        if !modes.is_empty() && !modes.split(',').any(|m| m.trim() == mode) {
+            continue;
+        }
         let args: &[&str] = if gate {
             &[]
         } else {

@@ -958,6 +958,7 @@ mod tests {
         units: usize,
         members: usize,
         pool: &str,
+        layout: Option<&str>,
     ) -> (Arc<Shares>, Vec<(Share, watch::Sender<bool>)>) {
         let shares = Arc::new(Shares {
             members: AtomicUsize::new(members),
@@ -983,7 +984,7 @@ mod tests {
                 let share = Share {
                     plugin: unit,
                     pool: pool.to_string(),
-                    layout: None,
+                    layout: layout.map(str::to_string),
                     shares: shares.clone(),
                     grace: Duration::from_secs(2),
                     reserved,
@@ -997,7 +998,7 @@ mod tests {
     #[test]
     fn electors_deciding_at_once_take_no_more_than_the_share() {
         // 12 units over 2 replicas; this one holds 4, and the other 8 are free at once.
-        let (_shares, units) = pool(12, 2, "");
+        let (_shares, units) = pool(12, 2, "", None);
         for (_, holds) in &units[..4] {
             holds.send_replace(true);
         }
@@ -1012,19 +1013,61 @@ mod tests {
             "the failed take's place is free again"
         );
         assert!(!units[7].0.may_acquire(), "the share is full again");
-        // Nothing to give up: the places being taken are not held ones past the share.
-        assert!(units.iter().all(|(s, _)| !s.should_release()));
     }
 
     #[test]
-    fn a_replica_past_its_share_gives_up_the_same_leases_whatever_it_is_taking() {
-        let (_shares, units) = pool(4, 2, "");
-        for (_, holds) in &units[..3] {
-            holds.send_replace(true);
-        }
+    fn a_lease_just_taken_counts_once_and_gives_nothing_up() {
+        // A share of 2: one held, one being taken.
+        let (_shares, units) = pool(4, 2, "", None);
+        units[0].1.send_replace(true);
+        assert!(units[1].0.may_acquire());
+        // Taken: held and still reserved until its round ends.
+        units[1].1.send_replace(true);
+        // A place kept for a Lease not held is never a reason to give one up.
+        units[3].0.reserved.store(true, Ordering::SeqCst);
+        assert!(
+            (0..4).all(|i| !units[i].0.should_release()),
+            "exactly the share held: nothing to give up"
+        );
+        units[3].0.attempted();
+        assert!(!units[2].0.may_acquire(), "counted once, and full");
+        units[1].0.attempted();
+        assert!(!units[3].0.may_acquire(), "still full once the round ends");
+        // Past the share (a third held): the one past it by name goes.
+        units[2].1.send_replace(true);
         let giving: Vec<usize> = (0..4).filter(|&i| units[i].0.should_release()).collect();
         assert_eq!(giving, vec![2], "the Leases past the share of 2, by name");
-        assert!(!units[3].0.may_acquire(), "no place while past the share");
+    }
+
+    #[test]
+    fn a_sharded_plugins_ranges_are_taken_within_the_share_of_the_replicas_agreeing() {
+        use super::super::layouts::{Peer, parse};
+        let (shares, units) = pool(12, 1, "stamper", Some("12/uid"));
+        for (_, holds) in &units[..4] {
+            holds.send_replace(true);
+        }
+        let count = |peer: &str| {
+            let mut l = shares.layouts();
+            l.register("stamper", "12/uid");
+            let (_, generations) = l.announcement();
+            l.written(generations, Instant::now());
+            let announced = parse(peer);
+            let basis = l.count_basis();
+            l.counted(
+                basis,
+                [Peer {
+                    announced: announced.as_ref(),
+                    live: true,
+                }],
+            );
+        };
+        // A peer on another layout: nothing taken, and no place kept by the refusals.
+        count("stamper=4/uid");
+        assert!((4..12).all(|i| !units[i].0.may_acquire()));
+        // The peer moves: a share of 6 among the two, so two more here.
+        count("stamper=12/uid");
+        let allowed: Vec<usize> = (4..12).filter(|&i| units[i].0.may_acquire()).collect();
+        assert_eq!(allowed, vec![4, 5]);
     }
 
     #[test]

@@ -329,6 +329,8 @@ impl Informers {
             store: store.clone(),
             shared: shared.clone(),
             observer: self.observer.clone(),
+            left: Mutex::default(),
+            unfiltered: std::sync::atomic::AtomicBool::new(false),
         };
         let task = if key.metadata_only {
             tokio::spawn(stream.run::<RawMeta>(ranges))
@@ -352,6 +354,13 @@ struct Stream {
     store: Arc<ObjectStore>,
     shared: Arc<Shared>,
     observer: Arc<dyn InformerObserver>,
+    /// A sharded stream: the objects dropped since its last list was in, their range given up
+    /// (traces, without their JSON). One whose range is held again and that the next list
+    /// lacks was deleted meanwhile, and that deletion is told.
+    left: Mutex<HashMap<Key, Arc<CachedObject>>>,
+    /// A sharded stream whose API server was seen ignoring `shardSelector`: every list brings
+    /// every object, so nothing is dropped before one.
+    unfiltered: std::sync::atomic::AtomicBool,
 }
 
 /// How long a sharded stream waits after its ranges change for more changes before it starts
@@ -412,14 +421,17 @@ impl Stream {
                     (Some(s), Some(held)) => {
                         // What is covered now and still held stays covered meanwhile. The
                         // objects of a range given up leave the cache now, not once the list of
-                        // the ranges held is in: a range given up and one taken are never
-                        // cached together (the allocator keeps such a peak).
+                        // the ranges held is in: where the API server filters, a range given up
+                        // and one taken are never cached together (the allocator would keep
+                        // that peak).
                         self.shared
                             .covered
                             .send_modify(|c| c.retain(|r| held.contains(r)));
                         self.drop_left(s.by, held);
                         if held.is_empty() {
-                            // No range: nothing is asked of the API server, nothing cached.
+                            // No range: nothing is asked of the API server, nothing cached, and
+                            // no trace kept (no list will come to compare it with).
+                            self.left.lock().unwrap_or_else(|p| p.into_inner()).clear();
                             self.replace_all(HashMap::new(), Some((s.by, held)));
                             self.shared.synced.send_replace(true);
                             return std::future::pending().await;
@@ -454,7 +466,6 @@ impl Stream {
     {
         let (key, store, shared, observer) = (&self.key, &self.store, &self.shared, &self.observer);
         let ar = key.api_resource();
-        let mut told_ignored = false;
         let api: Api<K> = match &key.namespace {
             Some(ns) => Api::namespaced_with(client, ns, &ar),
             None => Api::all_with(client, &ar),
@@ -493,15 +504,30 @@ impl Stream {
                 Ok(Event::InitDone) => {
                     let fresh = relist.take().unwrap_or_default();
                     if let Some((by, held)) = sharded
-                        && !told_ignored
+                        && !self.unfiltered.load(std::sync::atomic::Ordering::Relaxed)
                         && fresh
                             .values()
                             .any(|o| !holds(by, held, &o.uid, o.key.namespace.as_deref()))
                     {
-                        told_ignored = true;
+                        self.unfiltered
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
                         tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this stream caches every object of the kind, and the host divides the work");
                     }
+                    // Dropped with a range given up, the range held again, and not listed: it
+                    // was deleted while this stream did not follow it.
+                    let left =
+                        std::mem::take(&mut *self.left.lock().unwrap_or_else(|p| p.into_inner()));
+                    let deleted_meanwhile = deleted_meanwhile(left, &fresh, sharded);
                     self.replace_all(fresh, sharded);
+                    if !deleted_meanwhile.is_empty() {
+                        let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+                        for old in deleted_meanwhile {
+                            if store.get(&old.key).is_none() {
+                                observer.event(key, "delete");
+                                broadcast(&mut subs, Change::Deleted { old });
+                            }
+                        }
+                    }
                     if let Some((_, held)) = sharded {
                         shared.covered.send_replace(held.clone());
                     }
@@ -530,12 +556,25 @@ impl Stream {
         }
     }
 
-    /// Drops the cached objects outside `held` without a deletion told: their range was given
-    /// up, they were not deleted.
+    /// Drops the cached objects outside `held` without a deletion told (their range was given
+    /// up, they were not deleted), keeping a trace of each until the next list is in. Not where
+    /// the API server ignores the selector: its next list brings them all back anyway.
     fn drop_left(&self, by: ShardBy, held: &[Range]) {
+        if self.unfiltered.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        // The store changes under the subscribers lock (see `subscribe`).
+        let _subs = self
+            .shared
+            .subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
         for o in self.store.all() {
-            if !holds(by, held, &o.uid, o.key.namespace.as_deref()) {
-                self.store.remove(&o.key);
+            if !holds(by, held, &o.uid, o.key.namespace.as_deref())
+                && let Some(old) = self.store.remove(&o.key)
+            {
+                left.insert(old.key.clone(), Arc::new(old.trace()));
             }
         }
     }
@@ -570,6 +609,26 @@ impl Stream {
             }
         }
     }
+}
+
+/// Of the traces of objects dropped with a range given up, those whose range is held again and
+/// that a fresh list of the held ranges lacks: deleted while the stream did not follow them.
+fn deleted_meanwhile(
+    left: HashMap<Key, Arc<CachedObject>>,
+    fresh: &HashMap<Key, Arc<CachedObject>>,
+    sharded: Option<(ShardBy, &Vec<Range>)>,
+) -> Vec<Arc<CachedObject>> {
+    let Some((by, held)) = sharded else {
+        return Vec::new();
+    };
+    let mut gone: Vec<Arc<CachedObject>> = left
+        .into_values()
+        .filter(|o| {
+            !fresh.contains_key(&o.key) && holds(by, held, &o.uid, o.key.namespace.as_deref())
+        })
+        .collect();
+    gone.sort_by(|a, b| a.key.cmp(&b.key));
+    gone
 }
 
 fn apply(store: &ObjectStore, shared: &Shared, obj: Arc<CachedObject>) {
@@ -674,6 +733,48 @@ mod tests {
 
     fn canon(s: &str) -> Option<String> {
         canonical_selector(s).expect("a valid selector")
+    }
+
+    #[test]
+    fn a_dropped_object_missing_from_the_list_of_its_range_held_again_was_deleted() {
+        let halves = crate::engine::shard::split(2);
+        let obj = |name: &str, uid: &str| {
+            Arc::new(
+                CachedObject::from_value(serde_json::json!({
+                    "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1"}
+                }))
+                .expect("an object"),
+            )
+        };
+        // UIDs in each half.
+        let uid_in = |half: usize, skip: usize| {
+            (0..)
+                .map(|i| format!("uid-{i}"))
+                .filter(|u| holds(ShardBy::Uid, &halves[half..=half], u, Some("ns")))
+                .nth(skip)
+                .expect("a uid")
+        };
+        let gone = obj("gone", &uid_in(1, 0));
+        let back = obj("back", &uid_in(1, 1));
+        let away = obj("away", &uid_in(0, 0));
+        let left: HashMap<Key, Arc<CachedObject>> = [&gone, &back, &away]
+            .into_iter()
+            .map(|o| (o.key.clone(), Arc::new(o.trace())))
+            .collect();
+        let fresh: HashMap<Key, Arc<CachedObject>> = [(back.key.clone(), back.clone())].into();
+        let held = vec![halves[1]];
+        let told = deleted_meanwhile(left.clone(), &fresh, Some((ShardBy::Uid, &held)));
+        assert_eq!(
+            told.iter().map(|o| o.key.name.as_str()).collect::<Vec<_>>(),
+            ["gone"],
+            "held again and not listed: deleted; listed: not; still given up: not known"
+        );
+        assert_eq!(told[0].uid, gone.uid, "told with its UID");
+        assert_eq!(&*told[0].json, "{}", "a trace keeps no JSON");
+        assert!(
+            deleted_meanwhile(left, &fresh, None).is_empty(),
+            "nothing for a stream of every object"
+        );
     }
 
     #[test]
