@@ -886,11 +886,14 @@ impl RunArgs {
 /// dropped on whichever runtime thread the watch task is on, keep the high-water of every arena
 /// they passed through. Measured (docs/benchmarks.md, sharded mode): replicas that had taken and
 /// given up ranges held up to 2 MiB more cache than one that had not, with the same objects, and
-/// none more with one arena, at the same CPU per reconcile. One arena, unless the environment's
-/// `MALLOC_ARENA_MAX` says otherwise (glibc reads it itself).
+/// none more with one arena, at the same CPU per reconcile. One arena, unless the environment sets
+/// the arena count itself (`MALLOC_ARENA_MAX`, or `glibc.malloc.arena_max` in `GLIBC_TUNABLES`):
+/// glibc reads those. The compile child starts with an empty environment, so it has one arena
+/// always (it is one thread).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn one_malloc_arena() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() && !tunables.contains("arena_max") {
         // SAFETY: sets an allocator parameter; called first in main, before any thread starts.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 1);

@@ -1019,6 +1019,18 @@ mod tests {
     fn a_lease_just_taken_counts_once_and_gives_nothing_up() {
         // A share of 2: one held, one being taken.
         let (_shares, units) = pool(4, 2, "", None);
+        {
+            // A share of 3 with one held and one held and still reserved: room for one more.
+            let (_shares, three) = pool(6, 2, "", None);
+            three[0].1.send_replace(true);
+            assert!(three[1].0.may_acquire());
+            three[1].1.send_replace(true);
+            assert!(
+                three[2].0.may_acquire(),
+                "a Lease held and reserved counts once"
+            );
+            assert!(!three[3].0.may_acquire(), "then full");
+        }
         units[0].1.send_replace(true);
         assert!(units[1].0.may_acquire());
         // Taken: held and still reserved until its round ends.
@@ -1030,7 +1042,7 @@ mod tests {
             "exactly the share held: nothing to give up"
         );
         units[3].0.attempted();
-        assert!(!units[2].0.may_acquire(), "counted once, and full");
+        assert!(!units[2].0.may_acquire(), "full");
         units[1].0.attempted();
         assert!(!units[3].0.may_acquire(), "still full once the round ends");
         // Past the share (a third held): the one past it by name goes.

@@ -124,23 +124,24 @@ impl CachedObject {
         CachedObject::from_parts(parts)
     }
 
-    /// The same object with `apiVersion` and `kind` first, when the API server left them out (the
-    /// items of a List): what a plugin reads, and what the host reads a primary's kind from.
     /// What is kept of an object whose range a sharded stream gave up, until its next list is
-    /// in: everything a deletion is told with but the object's JSON (an empty object).
+    /// in: its key, UID and resourceVersion, what the deletion of a plugin's primary is told with
+    /// (no labels, owners or JSON: an empty object).
     pub fn trace(&self) -> CachedObject {
         CachedObject {
             key: self.key.clone(),
             uid: self.uid.clone(),
             resource_version: self.resource_version.clone(),
-            generation: self.generation,
-            labels: self.labels.clone(),
-            owners: self.owners.clone(),
+            generation: None,
+            labels: BTreeMap::new(),
+            owners: Vec::new(),
             json: Arc::from("{}"),
             has_type: false,
         }
     }
 
+    /// The same object with `apiVersion` and `kind` first, when the API server left them out (the
+    /// items of a List): what a plugin reads, and what the host reads a primary's kind from.
     pub fn with_type(self: Arc<Self>, api_version: &str, kind: &str) -> Arc<Self> {
         if self.has_type || !self.json.starts_with('{') {
             return self;

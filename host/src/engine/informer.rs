@@ -358,8 +358,8 @@ struct Stream {
     /// (traces, without their JSON). One whose range is held again and that the next list
     /// lacks was deleted meanwhile, and that deletion is told.
     left: Mutex<HashMap<Key, Arc<CachedObject>>>,
-    /// A sharded stream whose API server was seen ignoring `shardSelector`: every list brings
-    /// every object, so nothing is dropped before one.
+    /// A sharded stream whose API server ignored `shardSelector` at the last list: every list
+    /// brings every object, so nothing is dropped before one.
     unfiltered: std::sync::atomic::AtomicBool,
 }
 
@@ -429,9 +429,8 @@ impl Stream {
                             .send_modify(|c| c.retain(|r| held.contains(r)));
                         self.drop_left(s.by, held);
                         if held.is_empty() {
-                            // No range: nothing is asked of the API server, nothing cached, and
-                            // no trace kept (no list will come to compare it with).
-                            self.left.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                            // No range: nothing is asked of the API server, nothing cached. The
+                            // traces stay for the list of the ranges taken next.
                             self.replace_all(HashMap::new(), Some((s.by, held)));
                             self.shared.synced.send_replace(true);
                             return std::future::pending().await;
@@ -503,15 +502,19 @@ impl Stream {
                 }
                 Ok(Event::InitDone) => {
                     let fresh = relist.take().unwrap_or_default();
-                    if let Some((by, held)) = sharded
-                        && !self.unfiltered.load(std::sync::atomic::Ordering::Relaxed)
-                        && fresh
+                    if let Some((by, held)) = sharded {
+                        // Read again at every list: the gate may be turned on or off later.
+                        let unfiltered = fresh
                             .values()
-                            .any(|o| !holds(by, held, &o.uid, o.key.namespace.as_deref()))
-                    {
-                        self.unfiltered
-                            .store(true, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this stream caches every object of the kind, and the host divides the work");
+                            .any(|o| !holds(by, held, &o.uid, o.key.namespace.as_deref()));
+                        let was = self
+                            .unfiltered
+                            .swap(unfiltered, std::sync::atomic::Ordering::Relaxed);
+                        if unfiltered && !was {
+                            tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this stream caches every object of the kind, and the host divides the work");
+                        } else if was && !unfiltered {
+                            tracing::info!(informer = %key, "the API server filters by shardSelector again: this stream caches only the ranges held");
+                        }
                     }
                     // Dropped with a range given up, the range held again, and not listed: it
                     // was deleted while this stream did not follow it.
