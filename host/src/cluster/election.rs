@@ -194,17 +194,25 @@ impl Shares {
         }
     }
 
+    /// How many of `pool`'s units this replica should hold, among `members` replicas.
+    fn share(plugins: &BTreeMap<String, Member>, pool: &str, members: usize) -> usize {
+        plugins
+            .values()
+            .filter(|m| m.pool == pool)
+            .count()
+            .div_ceil(members)
+    }
+
     /// How many Leases of `pool` this replica should hold, and which it holds.
     fn counts(&self, pool: &str) -> (usize, Vec<String>) {
         let members = self.members_of(pool);
         let plugins = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
-        let units = plugins.values().filter(|m| m.pool == pool).count();
         let held: Vec<String> = plugins
             .iter()
             .filter(|(_, m)| m.pool == pool && *m.holds.borrow())
             .map(|(p, _)| p.clone())
             .collect();
-        (units.div_ceil(members), held)
+        (Self::share(&plugins, pool, members), held)
     }
 
     pub(super) fn layouts(&self) -> std::sync::MutexGuard<'_, super::layouts::Layouts> {
@@ -258,13 +266,13 @@ impl LeasePolicy for Share {
             .plugins
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let mut units = 0usize;
-        let mut taken = 0usize;
-        for m in plugins.values().filter(|m| m.pool == self.pool) {
-            units += 1;
-            taken += usize::from(*m.holds.borrow() || m.reserved.load(Ordering::SeqCst));
-        }
-        let room = taken < units.div_ceil(members);
+        let taken = plugins
+            .values()
+            .filter(|m| {
+                m.pool == self.pool && (*m.holds.borrow() || m.reserved.load(Ordering::SeqCst))
+            })
+            .count();
+        let room = taken < Shares::share(&plugins, &self.pool, members);
         if room {
             self.reserved.store(true, Ordering::SeqCst);
         }

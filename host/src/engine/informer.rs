@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -289,8 +290,7 @@ impl Informers {
         let informer = Arc::new(self.start(key.clone(), ranges));
         running.insert(key, Arc::downgrade(&informer));
         // Every entry left holds a live informer (the dead were just removed).
-        self.peak
-            .fetch_max(running.len(), std::sync::atomic::Ordering::Relaxed);
+        self.peak.fetch_max(running.len(), Ordering::Relaxed);
         informer
     }
 
@@ -299,9 +299,7 @@ impl Informers {
     /// change, not only before and after.
     pub fn take_peak(&self) -> usize {
         let now = self.running();
-        self.peak
-            .swap(now, std::sync::atomic::Ordering::Relaxed)
-            .max(now)
+        self.peak.swap(now, Ordering::Relaxed).max(now)
     }
 
     /// How many informers are running.
@@ -330,7 +328,7 @@ impl Informers {
             shared: shared.clone(),
             observer: self.observer.clone(),
             left: Mutex::default(),
-            unfiltered: std::sync::atomic::AtomicBool::new(false),
+            unfiltered: AtomicBool::new(false),
         };
         let task = if key.metadata_only {
             tokio::spawn(stream.run::<RawMeta>(ranges))
@@ -360,7 +358,7 @@ struct Stream {
     left: Mutex<HashMap<Key, Arc<CachedObject>>>,
     /// A sharded stream whose API server ignored `shardSelector` at the last list: every list
     /// brings every object, so nothing is dropped before one.
-    unfiltered: std::sync::atomic::AtomicBool,
+    unfiltered: AtomicBool,
 }
 
 /// How long a sharded stream waits after its ranges change for more changes before it starts
@@ -507,9 +505,7 @@ impl Stream {
                         let unfiltered = fresh
                             .values()
                             .any(|o| !holds(by, held, &o.uid, o.key.namespace.as_deref()));
-                        let was = self
-                            .unfiltered
-                            .swap(unfiltered, std::sync::atomic::Ordering::Relaxed);
+                        let was = self.unfiltered.swap(unfiltered, Ordering::Relaxed);
                         if unfiltered && !was {
                             tracing::warn!(informer = %key, "the API server ignores shardSelector (its ShardedListAndWatch gate is off): this stream caches every object of the kind, and the host divides the work");
                         } else if was && !unfiltered {
@@ -522,13 +518,12 @@ impl Stream {
                         std::mem::take(&mut *self.left.lock().unwrap_or_else(|p| p.into_inner()));
                     let deleted_meanwhile = deleted_meanwhile(left, &fresh, sharded);
                     self.replace_all(fresh, sharded);
+                    // Not listed, so not in the store that now equals the list.
                     if !deleted_meanwhile.is_empty() {
                         let mut subs = shared.subscribers.lock().unwrap_or_else(|p| p.into_inner());
                         for old in deleted_meanwhile {
-                            if store.get(&old.key).is_none() {
-                                observer.event(key, "delete");
-                                broadcast(&mut subs, Change::Deleted { old });
-                            }
+                            observer.event(key, "delete");
+                            broadcast(&mut subs, Change::Deleted { old });
                         }
                     }
                     if let Some((_, held)) = sharded {
@@ -563,7 +558,7 @@ impl Stream {
     /// up, they were not deleted), keeping a trace of each until the next list is in. Not where
     /// the API server ignores the selector: its next list brings them all back anyway.
     fn drop_left(&self, by: ShardBy, held: &[Range]) {
-        if self.unfiltered.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.unfiltered.load(Ordering::Relaxed) {
             return;
         }
         // The store changes under the subscribers lock (see `subscribe`).
