@@ -98,17 +98,29 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
             anyhow::bail!("{e}: events {notes:?}; metrics {lines:#?}");
         }
     }
-    let web = eventually("child Service web", Duration::from_secs(60), || async {
-        Ok(services.get_opt("web").await?)
-    })
+    // A child is created before it is applied (so an object made meanwhile fails the create
+    // rather than being taken over): a read in between sees no Apply entry yet.
+    let applied = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        managers(meta).contains(&(format!("wcm:{PLUGIN}"), "Apply".into()))
+    };
+    let web = eventually(
+        "child Service web, applied",
+        Duration::from_secs(60),
+        || async {
+            Ok(services
+                .get_opt("web")
+                .await?
+                .filter(|s| applied(&s.metadata)))
+        },
+    )
     .await?;
-    let a = cms.get("a").await?;
+    let a = eventually(
+        "child ConfigMap a, applied",
+        Duration::from_secs(30),
+        || async { Ok(cms.get_opt("a").await?.filter(|c| applied(&c.metadata))) },
+    )
+    .await?;
     for meta in [&a.metadata, &web.metadata] {
-        assert!(
-            managers(meta).contains(&(format!("wcm:{PLUGIN}"), "Apply".into())),
-            "{:?}",
-            managers(meta)
-        );
         let owners = meta.owner_references.clone().unwrap_or_default();
         assert_eq!(owners.len(), 1, "{owners:?}");
         assert_eq!(owners[0].uid, owner_uid);

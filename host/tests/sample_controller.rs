@@ -96,27 +96,18 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         ),
         ("Foo", uid.as_str(), Some(true))
     );
-    let managers = managers(&web_a.metadata);
-    assert!(
-        managers.contains(&(format!("wcm:{PLUGIN}"), "Apply".into())),
-        "{managers:?}"
-    );
-    // The host created it before its first apply; the create's `Update` entry is gone again, so
-    // the plugin's fields are its applied ones only.
+    // The host creates the Deployment first (so an object made meanwhile fails the create rather
+    // than being taken over), then applies it and drops the create's `Update` entry: a read in
+    // between sees only that entry. Once settled, the plugin's fields are its applied ones only.
     eventually(
-        "no Update entry of the plugin's manager",
+        "the plugin's Apply entry and no Update entry of its manager",
         Duration::from_secs(30),
         || async {
             let d = deployments.get("web-a").await?;
-            let updates: Vec<String> = d
-                .metadata
-                .managed_fields
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|m| m.operation.as_deref() == Some("Update"))
-                .filter_map(|m| m.manager)
-                .collect();
-            Ok((!updates.contains(&format!("wcm:{PLUGIN}"))).then_some(()))
+            let managers = managers(&d.metadata);
+            let applied = managers.contains(&(format!("wcm:{PLUGIN}"), "Apply".into()));
+            let updated = managers.contains(&(format!("wcm:{PLUGIN}"), "Update".into()));
+            Ok((applied && !updated).then_some(()))
         },
     )
     .await?;
