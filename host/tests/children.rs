@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
@@ -291,5 +291,115 @@ async fn children_are_applied_owned_and_pruned_exactly_and_metrics_stay_within_b
     )
     .await?;
     manager.stop().await;
+    Ok(())
+}
+
+/// The patch that drops a create's `Update` entry, against the real API server: it applies over
+/// another manager's write made after the apply (it tests the entry, not the resourceVersion);
+/// when the entry moved (an `Apply` entry of another manager is sorted before every `Update`
+/// one) the server refuses it with 422 and changes nothing, and the same patch computed on the
+/// object read again applies. The host's retry (`FORGET_TRIES`) rests on these three answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_create_entry_is_dropped_over_other_writes_and_refused_when_it_moved() -> Result<()> {
+    use wcm_rules::applyset::forget_create;
+    let env = testenv::TestEnv::shared().await?;
+    let client = env.client().await?;
+    let ns = env.namespace("forget-create").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let me = "wcm:forget-probe";
+    let updates_of = |cm: &ConfigMap, manager: &str| {
+        managers(&cm.metadata)
+            .iter()
+            .filter(|(m, op)| m == manager && op == "Update")
+            .count()
+    };
+    let body = |name: &str, value: &str| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name}, "data": {"k": value}}),
+        )?)
+    };
+    let post = PostParams {
+        field_manager: Some(me.into()),
+        ..PostParams::default()
+    };
+    let apply = |manager: &str| PatchParams::apply(manager);
+
+    // Created, applied, then another manager writes a label (an Update sorted after ours): the
+    // patch computed on the apply's answer still applies.
+    cms.create(&post, &body("one", "a")?).await?;
+    let applied = cms
+        .patch("one", &apply(me), &Patch::Apply(body("one", "a")?))
+        .await?;
+    assert_eq!(
+        updates_of(&applied, me),
+        1,
+        "{:?}",
+        managers(&applied.metadata)
+    );
+    cms.patch(
+        "one",
+        &PatchParams {
+            field_manager: Some("zz-later-writer".into()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(json!({"metadata": {"labels": {"later": "yes"}}})),
+    )
+    .await?;
+    let patch = forget_create(&serde_json::to_string(&applied)?, me).context("an entry")?;
+    let done = cms
+        .patch(
+            "one",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(patch)?),
+        )
+        .await?;
+    assert_eq!(updates_of(&done, me), 0, "{:?}", managers(&done.metadata));
+    assert!(
+        managers(&done.metadata).contains(&(me.to_string(), "Apply".into())),
+        "{:?}",
+        managers(&done.metadata)
+    );
+
+    // Created, applied, then another manager applies a field of its own: its Apply entry comes
+    // before every Update one, so ours moved. Refused with 422, nothing changed; read again, the
+    // patch applies.
+    cms.create(&post, &body("two", "a")?).await?;
+    let applied = cms
+        .patch("two", &apply(me), &Patch::Apply(body("two", "a")?))
+        .await?;
+    let other: ConfigMap = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "two"}, "data": {"other": "x"}}))?;
+    cms.patch("two", &apply("aa-other-applier"), &Patch::Apply(other))
+        .await?;
+    let stale = forget_create(&serde_json::to_string(&applied)?, me).context("an entry")?;
+    let refused = cms
+        .patch(
+            "two",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(stale)?),
+        )
+        .await
+        .expect_err("the entry moved");
+    match &refused {
+        kube::Error::Api(s) => assert_eq!(s.code, 422, "{refused}"),
+        other => anyhow::bail!("not an API refusal: {other}"),
+    }
+    let again = cms.get("two").await?;
+    assert_eq!(updates_of(&again, me), 1, "{:?}", managers(&again.metadata));
+    let fresh = forget_create(&serde_json::to_string(&again)?, me).context("an entry")?;
+    let done = cms
+        .patch(
+            "two",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(fresh)?),
+        )
+        .await?;
+    assert_eq!(updates_of(&done, me), 0, "{:?}", managers(&done.metadata));
+    assert!(
+        managers(&done.metadata).contains(&("aa-other-applier".to_string(), "Apply".into())),
+        "{:?}",
+        managers(&done.metadata)
+    );
     Ok(())
 }

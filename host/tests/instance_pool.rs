@@ -130,18 +130,27 @@ async fn another_plugins_reconciles_and_a_new_plugins_load_go_on_while_two_plugi
     .await?;
     assert!(count.parse::<u64>().is_ok(), "label {count:?}");
     // The API server saw the patch, made as pod-counter's own identity.
-    let patched = env.audit_events_since(mark)?.into_iter().any(|e| {
-        e.verb == "patch"
-            && e.object_ref
-                .as_ref()
-                .is_some_and(|o| o.resource == "nodes" && o.name == node_name)
-            && e.impersonated_user.as_ref().is_some_and(|u| {
-                u.username == "system:serviceaccount:wcm-system:wcm-plugin-pod-counter"
-            })
-            && e.response_status.as_ref().is_some_and(|s| s.code == 200)
-    });
+    // The writer's audit line follows its change in etcd by a moment: read until it is there.
+    let patched = eventually(
+        "the patch of the node by pod-counter in the audit log",
+        Duration::from_secs(10),
+        || async {
+            let seen = env.audit_events_since(mark)?.into_iter().any(|e| {
+                e.verb == "patch"
+                    && e.object_ref
+                        .as_ref()
+                        .is_some_and(|o| o.resource == "nodes" && o.name == node_name)
+                    && e.impersonated_user.as_ref().is_some_and(|u| {
+                        u.username == "system:serviceaccount:wcm-system:wcm-plugin-pod-counter"
+                    })
+                    && e.response_status.as_ref().is_some_and(|s| s.code == 200)
+            });
+            Ok(seen.then_some(()))
+        },
+    )
+    .await;
     assert!(
-        patched,
+        patched.is_ok(),
         "no patch of {node_name} by pod-counter in the audit log"
     );
 

@@ -168,7 +168,16 @@ async fn a_foo_gets_its_deployment_and_status_a_rename_replaces_it_and_a_foreign
         },
     )
     .await?;
-    let deletes = deletes_since(env, mark, &ns.name)?;
+    // The writer's audit line follows its change in etcd by a moment: read until it is there.
+    let deletes = eventually(
+        "the delete in the audit log",
+        Duration::from_secs(10),
+        || async {
+            let d = deletes_since(env, mark, &ns.name)?;
+            Ok((!d.is_empty()).then_some(d))
+        },
+    )
+    .await?;
     assert_eq!(
         deletes,
         vec![format!("deployments/web-a by {}", plugin_user(PLUGIN))]

@@ -110,12 +110,25 @@ async fn a_minute_schedule_runs_once_a_minute_on_the_leader_and_catches_up_after
     let before = ticks(&cms).await?;
     assert_eq!(before, 3, "a tick ran while no replica did");
     let c = start("replica-c").await?;
-    eventually(
+    let started = std::time::Instant::now();
+    // Within a lease duration (the stopped leader's Lease), the plugin's start and one reconcile.
+    let caught = eventually(
         "the missed tick caught up",
-        Duration::from_secs(25),
+        Duration::from_secs(40),
         || async { Ok((ticks(&cms).await? == before + 1).then_some(())) },
     )
-    .await?;
+    .await;
+    if let Err(e) = caught {
+        let (_, plugins) = http_get(&c, "/plugins").await?;
+        let (_, debug) = http_get(&c, "/debug/controllers").await?;
+        anyhow::bail!(
+            "{e}: ticks {} (before {before}), catch-ups fired {}, ticks fired {}; plugins {plugins}; controllers {debug}",
+            ticks(&cms).await?,
+            ticked(&c, "catch-up"),
+            ticked(&c, "tick")
+        );
+    }
+    println!("caught up {:?} after replica-c started", started.elapsed());
     assert_eq!(ticked(&c, "catch-up"), 1.0);
     assert_eq!(
         ticked(&c, "tick"),

@@ -153,15 +153,17 @@ async fn slow_and_failing_event_writes_hold_up_no_reconcile_and_no_other_event()
         },
     )
     .await?;
-    assert!(
-        metric(
+    // Counted once the API server's answer is in, which may be just after the event is listed.
+    let counted = eventually("13 events counted", Duration::from_secs(10), || async {
+        let written = metric(
             &manager,
             "wcm_events_written_total",
-            &[("plugin", "event-recorder")]
-        ) >= 13.0,
-        "{}",
-        manager.metrics.encode()
-    );
+            &[("plugin", "event-recorder")],
+        );
+        Ok((written >= 13.0).then_some(()))
+    })
+    .await;
+    assert!(counted.is_ok(), "{}", manager.metrics.encode());
     manager.stop().await;
     webhooks
         .delete(&webhook_name, &DeleteParams::default())

@@ -458,15 +458,25 @@ async fn the_host_needs_only_the_rbac_it_generates_for_its_plugins() -> Result<(
     )
     .await?;
     // The API server saw the host's ServiceAccount acting as the plugin, and nothing refused.
-    let events = env.audit_events_since(mark)?;
+    // The writer's audit line follows its change in etcd by a moment: read until it is there.
+    let is_patch = |e: &AuditEvent| {
+        e.verb == "patch"
+            && namespace(e) == "wcm-host-rbac"
+            && e.object_ref.as_ref().is_some_and(|o| o.name == "c1")
+    };
+    let events = eventually(
+        "the patch of c1 in the audit log",
+        Duration::from_secs(10),
+        || async {
+            let events = env.audit_events_since(mark)?;
+            Ok(events.iter().any(is_patch).then_some(events))
+        },
+    )
+    .await?;
     let host_user = "system:serviceaccount:wcm-system:wcm-test-host";
     let patch = events
         .iter()
-        .find(|e| {
-            e.verb == "patch"
-                && namespace(e) == "wcm-host-rbac"
-                && e.object_ref.as_ref().is_some_and(|o| o.name == "c1")
-        })
+        .find(|e| is_patch(e))
         .context("no patch of c1 in the audit log")?;
     assert_eq!(patch.user.username, host_user, "{patch:?}");
     assert_eq!(patch.effective_user(), plugin_user("host-rbac-wb"));

@@ -545,31 +545,35 @@ pub fn with_uid(body: &Value, uid: Option<&str>) -> Value {
     body
 }
 
-/// The JSON patch that drops the `Update` entry `manager`'s create left in `applied` (the object
-/// as its first apply answered), so that from then on the manager's fields are its applied ones
-/// only: a field the plugin stops sending is removed, and a child applied without force does not
-/// conflict with the plugin's own create. Tested against the object's resourceVersion and the
-/// entry itself, so a concurrent change makes it fail harmlessly. `None` when there is no such
-/// entry.
-pub fn forget_create(applied: &str, manager: &str) -> Option<Value> {
-    let v: Value = serde_json::from_str(applied).ok()?;
-    let rv = v["metadata"]["resourceVersion"].as_str()?;
-    let index = v["metadata"]["managedFields"]
+/// The JSON patch that drops the `Update` entry `manager`'s create left in `object` (the child as
+/// its first apply answered, or as read again), so that from then on the manager's fields are its
+/// applied ones only: a field the plugin stops sending is removed, and a child applied without
+/// force does not conflict with the plugin's own create. Tested against the whole entry at its
+/// index, not the object's resourceVersion: another manager's write in between (a Deployment's
+/// status, right after its create) leaves the entry as it was and the patch applies; an entry
+/// changed or moved makes it fail harmlessly (then read again and retried, [`FORGET_TRIES`]).
+/// `None` when there is no such entry.
+pub fn forget_create(object: &str, manager: &str) -> Option<Value> {
+    let v: Value = serde_json::from_str(object).ok()?;
+    let (index, entry) = v["metadata"]["managedFields"]
         .as_array()?
         .iter()
-        .position(|f| {
+        .enumerate()
+        .find(|(_, f)| {
             f["manager"].as_str() == Some(manager)
                 && f["operation"].as_str() == Some("Update")
                 && f.get("subresource")
                     .is_none_or(|s| s.as_str().unwrap_or("").is_empty())
         })?;
     Some(serde_json::json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        {"op": "test", "path": format!("/metadata/managedFields/{index}/manager"), "value": manager},
-        {"op": "test", "path": format!("/metadata/managedFields/{index}/operation"), "value": "Update"},
+        {"op": "test", "path": format!("/metadata/managedFields/{index}"), "value": entry},
         {"op": "remove", "path": format!("/metadata/managedFields/{index}")},
     ]))
 }
+
+/// How many times the host tries [`forget_create`]'s patch, reading the child again between tries
+/// (the entry moved when another manager's entry was sorted before it).
+pub const FORGET_TRIES: usize = 3;
 
 /// The refusal of a child of a kind the plugin does not watch.
 pub fn unwatched() -> (u16, &'static str, &'static str) {
@@ -659,6 +663,35 @@ pub fn permanent(code: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_create_entry_is_found_by_manager_operation_and_no_subresource() {
+        let object = json!({"metadata": {"resourceVersion": "7", "managedFields": [
+            {"manager": "wcm:p", "operation": "Apply", "fieldsV1": {"f:spec": {}}},
+            {"manager": "wcm:p", "operation": "Update", "subresource": "status", "fieldsV1": {}},
+            {"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {}},
+            {"manager": "wcm:p", "operation": "Update", "time": "2026-11-28T01:00:00Z",
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+        ]}});
+        let patch = forget_create(&object.to_string(), "wcm:p").expect("an entry");
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/managedFields/3",
+                 "value": object["metadata"]["managedFields"][3]},
+                {"op": "remove", "path": "/metadata/managedFields/3"},
+            ])
+        );
+        // No resourceVersion test: another manager's write in between does not stop it.
+        assert!(!patch.to_string().contains("resourceVersion"));
+        assert_eq!(forget_create(&object.to_string(), "wcm:q"), None);
+        let applied_only = json!({"metadata": {"managedFields": [
+            {"manager": "wcm:p", "operation": "Apply"},
+            {"manager": "wcm:p", "operation": "Update", "subresource": "status"},
+        ]}});
+        assert_eq!(forget_create(&applied_only.to_string(), "wcm:p"), None);
+        assert_eq!(forget_create("not json", "wcm:p"), None);
+    }
 
     #[test]
     fn the_applyset_id_is_the_one_kubectl_computes() {

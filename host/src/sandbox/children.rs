@@ -399,26 +399,54 @@ impl CallCtx {
         .await?;
         // The create left an `Update` entry of the plugin's manager beside the apply's: dropped,
         // so the child's fields are its applied ones only (best effort: a prune accepts either).
-        if created
-            && let Ok(body) = &applied
-            && let Some(patch) = applyset::forget_create(body, &self.field_manager())
-        {
+        if created && let Ok(body) = &applied {
+            self.forget_create(&kind, &key, body).await?;
+        }
+        Ok(applied)
+    }
+
+    /// Drops the `Update` entry a child's create left, tested against the entry itself (see
+    /// `applyset::forget_create`). A test that failed because the entry moved (another manager's
+    /// write, such as a Deployment's first status, sorted before it) is tried again on the child
+    /// read again, while it is still the same object: at most `FORGET_TRIES` patches in all. Any
+    /// other answer ends it; the entry then stays, which a prune accepts.
+    async fn forget_create(
+        &mut self,
+        kind: &KindRef,
+        key: &ObjectKey,
+        applied: &str,
+    ) -> wasmtime::Result<()> {
+        let manager = self.field_manager();
+        let uid = applyset::uid_of(applied);
+        let mut object = applied.to_string();
+        for tried in 1..=applyset::FORGET_TRIES {
+            let Some(patch) = applyset::forget_create(&object, &manager) else {
+                return Ok(());
+            };
             let options = client::PatchOptions {
                 field_manager_suffix: None,
                 force: false,
                 dry_run: false,
             };
-            let _ = client::Host::patch(
+            let answer = client::Host::patch(
                 self,
-                kind,
-                key,
+                kind.clone(),
+                key.clone(),
                 client::PatchType::Json,
                 patch.to_string(),
                 options,
             )
             .await?;
+            // 422: a JSON patch's test failed.
+            if !matches!(&answer, Err(e) if e.code == 422) || tried == applyset::FORGET_TRIES {
+                return Ok(());
+            }
+            object = match client::Host::get(self, kind.clone(), key.clone()).await? {
+                Ok(body) if uid.is_some() && applyset::uid_of(&body) == uid => body,
+                _ => return Ok(()),
+            };
         }
-        Ok(applied)
+        Ok(())
     }
 
     /// The plugin's own field manager, `wcm:NAME`.
