@@ -168,8 +168,7 @@ impl ApiError {
 
     /// The message of the API server's 422 for a JSON patch that does not apply to the object as
     /// stored (a `test` failed, a path is missing); a real validation error names the field instead.
-    pub const PATCH_NOT_APPLIED: &'static str =
-        "the server rejected our request due to an error in our request";
+    pub const PATCH_NOT_APPLIED: &'static str = wcm_rules::applyset::PATCH_NOT_APPLIED;
 
     /// A JSON patch that did not apply to the object as it is now, as a conflict: the object
     /// changed since it was read, and the next attempt works on fresh state (the same rule as a

@@ -549,12 +549,13 @@ pub fn with_uid(body: &Value, uid: Option<&str>) -> Value {
 /// its first apply answered, or as read again), so that from then on the manager's fields are its
 /// applied ones only: a field the plugin stops sending is removed, and a child applied without
 /// force does not conflict with the plugin's own create. Tested against the whole entry at its
-/// index, not the object's resourceVersion: another manager's write in between (a Deployment's
-/// status, right after its create) leaves the entry as it was and the patch applies; an entry
-/// changed or moved makes it fail harmlessly (then read again and retried, [`FORGET_TRIES`]).
-/// `None` when there is no such entry.
+/// index and the object's UID, not its resourceVersion: another manager's write in between (a
+/// Deployment's status, right after its create) leaves the entry as it was and the patch applies;
+/// an entry changed or moved, or another object under the name, makes it fail harmlessly (then
+/// read again and retried, [`FORGET_TRIES`]). `None` when there is no such entry or no UID.
 pub fn forget_create(object: &str, manager: &str) -> Option<Value> {
     let v: Value = serde_json::from_str(object).ok()?;
+    let uid = v["metadata"]["uid"].as_str()?;
     let (index, entry) = v["metadata"]["managedFields"]
         .as_array()?
         .iter()
@@ -566,6 +567,7 @@ pub fn forget_create(object: &str, manager: &str) -> Option<Value> {
                     .is_none_or(|s| s.as_str().unwrap_or("").is_empty())
         })?;
     Some(serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
         {"op": "test", "path": format!("/metadata/managedFields/{index}"), "value": entry},
         {"op": "remove", "path": format!("/metadata/managedFields/{index}")},
     ]))
@@ -574,6 +576,11 @@ pub fn forget_create(object: &str, manager: &str) -> Option<Value> {
 /// How many times the host tries [`forget_create`]'s patch, reading the child again between tries
 /// (the entry moved when another manager's entry was sorted before it).
 pub const FORGET_TRIES: usize = 3;
+
+/// The message of the API server's 422 for a JSON patch that does not apply to the object as
+/// stored (a `test` failed, a path is missing); a real validation error names the field instead.
+pub const PATCH_NOT_APPLIED: &str =
+    "the server rejected our request due to an error in our request";
 
 /// The refusal of a child of a kind the plugin does not watch.
 pub fn unwatched() -> (u16, &'static str, &'static str) {
@@ -666,7 +673,7 @@ mod tests {
 
     #[test]
     fn the_create_entry_is_found_by_manager_operation_and_no_subresource() {
-        let object = json!({"metadata": {"resourceVersion": "7", "managedFields": [
+        let object = json!({"metadata": {"uid": "u-1", "resourceVersion": "7", "managedFields": [
             {"manager": "wcm:p", "operation": "Apply", "fieldsV1": {"f:spec": {}}},
             {"manager": "wcm:p", "operation": "Update", "subresource": "status", "fieldsV1": {}},
             {"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {}},
@@ -677,6 +684,7 @@ mod tests {
         assert_eq!(
             patch,
             json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u-1"},
                 {"op": "test", "path": "/metadata/managedFields/3",
                  "value": object["metadata"]["managedFields"][3]},
                 {"op": "remove", "path": "/metadata/managedFields/3"},
@@ -685,7 +693,9 @@ mod tests {
         // No resourceVersion test: another manager's write in between does not stop it.
         assert!(!patch.to_string().contains("resourceVersion"));
         assert_eq!(forget_create(&object.to_string(), "wcm:q"), None);
-        let applied_only = json!({"metadata": {"managedFields": [
+        let no_uid = json!({"metadata": {"managedFields": object["metadata"]["managedFields"]}});
+        assert_eq!(forget_create(&no_uid.to_string(), "wcm:p"), None);
+        let applied_only = json!({"metadata": {"uid": "u-1", "managedFields": [
             {"manager": "wcm:p", "operation": "Apply"},
             {"manager": "wcm:p", "operation": "Update", "subresource": "status"},
         ]}});
