@@ -174,7 +174,7 @@ impl ApiError {
     /// changed since it was read, and the next attempt works on fresh state (the same rule as a
     /// stale `resourceVersion`, so one rule holds for every caller).
     pub(crate) fn json_patch_conflict(self) -> Self {
-        if self.code == 422 && self.message.starts_with(Self::PATCH_NOT_APPLIED) {
+        if wcm_rules::applyset::patch_not_applied(self.code, &self.message) {
             ApiError {
                 code: 409,
                 reason: "Conflict".into(),

@@ -582,6 +582,11 @@ pub const FORGET_TRIES: usize = 3;
 pub const PATCH_NOT_APPLIED: &str =
     "the server rejected our request due to an error in our request";
 
+/// Whether an API refusal is that 422: the JSON patch does not apply to the object as stored.
+pub fn patch_not_applied(code: u16, message: &str) -> bool {
+    code == 422 && message.starts_with(PATCH_NOT_APPLIED)
+}
+
 /// The refusal of a child of a kind the plugin does not watch.
 pub fn unwatched() -> (u16, &'static str, &'static str) {
     (

@@ -448,8 +448,8 @@ impl CallCtx {
             .await?;
             // Tried again only when a test failed (the server's 422 for a patch that does not
             // apply), not for any other refusal.
-            let moved = matches!(&answer, Err(e) if e.code == 422
-                && e.message.starts_with(applyset::PATCH_NOT_APPLIED));
+            let moved =
+                matches!(&answer, Err(e) if applyset::patch_not_applied(e.code, &e.message));
             if !moved || tried == applyset::FORGET_TRIES {
                 return Ok(());
             }
